@@ -1,0 +1,140 @@
+"""Raw logs: every tool output kept verbatim so results can be re-extracted.
+
+One file per target × probe × UTC day (``LOGDIR/YYYY-MM-DD/TARGET.PROBE.log``). Each run is
+appended as a record framed by lines carrying its unique token, so no tool output can be
+mistaken for a frame::
+
+    ==== iepm-run token=3f2a… time=2026-11-22T11:04:21.123Z target=cern-1 probe=ping exit=0 timeout=0 duration_s=9.012
+    $ ping -c 10 198.18.3.2
+    …stdout…
+    ---- stderr token=3f2a…
+    …stderr…
+    ==== end token=3f2a…
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from iepm.results import format_time
+from iepm.runner import RawRun
+
+HEADER_RE = re.compile(
+    r"^==== iepm-run token=(?P<token>[0-9a-f]+) time=(?P<time>\S+) target=(?P<target>\S+) "
+    r"probe=(?P<probe>\S+) exit=(?P<exit>\S+) timeout=(?P<timeout>[01]) "
+    r"duration_s=(?P<duration>[0-9.]+)$"
+)
+SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def safe_name(name: str) -> str:
+    """A target or probe name made safe for a file name."""
+    return SAFE_NAME_RE.sub("_", name) or "_"
+
+
+@dataclass(frozen=True)
+class LoggedRun:
+    target: str
+    probe: str
+    raw: RawRun
+    path: Path
+    line: int
+
+
+class RawLog:
+    """Append-only raw log directory."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    def path_for(self, target: str, probe: str, moment: datetime) -> Path:
+        day = moment.strftime("%Y-%m-%d")
+        return self.directory / day / f"{safe_name(target)}.{safe_name(probe)}.log"
+
+    def append(self, target: str, probe: str, raw: RawRun) -> Path:
+        path = self.path_for(target, probe, raw.started_at)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = format_record(target, probe, raw)
+        # One write of the whole record, then fsync: a kill can only cut the last record.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, record.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return path
+
+    def files(self) -> list[Path]:
+        return sorted(self.directory.glob("*/*.log"))
+
+    def runs(self) -> Iterator[LoggedRun]:
+        for path in self.files():
+            yield from read_log(path)
+
+
+def _text_block(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def format_record(target: str, probe: str, raw: RawRun) -> str:
+    exit_code = "none" if raw.returncode is None else str(raw.returncode)
+    header = (
+        f"==== iepm-run token={raw.token} time={format_time(raw.started_at)} "
+        f"target={safe_name(target)} probe={safe_name(probe)} exit={exit_code} "
+        f"timeout={int(raw.timed_out)} duration_s={raw.duration_s:.3f}\n"
+    )
+    return (
+        header
+        + f"$ {raw.command_line}\n"
+        + _text_block(raw.stdout)
+        + f"---- stderr token={raw.token}\n"
+        + _text_block(raw.stderr)
+        + f"==== end token={raw.token}\n"
+    )
+
+
+def read_log(path: Path) -> Iterator[LoggedRun]:
+    """Yield every complete record of a raw log; a record cut short by a crash is skipped."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        match = HEADER_RE.match(lines[i].rstrip("\n"))
+        if not match:
+            i += 1
+            continue
+        start = i
+        token = match["token"]
+        stderr_marker = f"---- stderr token={token}\n"
+        end_marker = f"==== end token={token}\n"
+        command = lines[i + 1][2:].rstrip("\n") if i + 1 < len(lines) else ""
+        j = i + 2
+        stdout_lines: list[str] = []
+        while j < len(lines) and lines[j] != stderr_marker:
+            stdout_lines.append(lines[j])
+            j += 1
+        stderr_lines: list[str] = []
+        j += 1
+        while j < len(lines) and lines[j] != end_marker:
+            stderr_lines.append(lines[j])
+            j += 1
+        if j >= len(lines):
+            return  # truncated final record
+        i = j + 1
+        exit_text = match["exit"]
+        raw = RawRun(
+            argv=tuple(shlex.split(command)),
+            stdout="".join(stdout_lines),
+            stderr="".join(stderr_lines),
+            returncode=None if exit_text == "none" else int(exit_text),
+            timed_out=match["timeout"] == "1",
+            started_at=datetime.fromisoformat(match["time"].replace("Z", "+00:00")),
+            duration_s=float(match["duration"]),
+            token=token,
+        )
+        yield LoggedRun(match["target"], match["probe"], raw, path, start + 1)

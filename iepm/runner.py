@@ -1,0 +1,201 @@
+"""Run external programs safely: argv lists only, a deadline, and group kills.
+
+Every command runs in a new session (so in its own process group). When its deadline passes it
+is sent SIGTERM, then SIGKILL after a grace period, as a whole group; the kill itself has a
+deadline. When a command finishes normally its group is still swept with SIGKILL so that no
+forked helper outlives the run. Output read before a kill is kept, for diagnostics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from iepm.errors import ToolNotFound
+from iepm.results import utcnow
+
+DEFAULT_KILL_GRACE_S = 2.0
+# After SIGKILL the kernel reaps quickly; if it has not within this, we stop waiting.
+KILL_WAIT_S = 5.0
+READ_CHUNK = 65536
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """What one execution of a tool produced. ``parse()`` functions take only this."""
+
+    argv: tuple[str, ...]
+    stdout: str
+    stderr: str = ""
+    returncode: int | None = 0
+    timed_out: bool = False
+    started_at: datetime = field(default_factory=utcnow)
+    duration_s: float = 0.0
+    token: str = field(default_factory=new_token)
+    pid: int | None = None
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+    def diags(self, limit: int = 4000) -> str:
+        """The exact command line, how it ended and the tail of stderr: what a person needs."""
+        if self.timed_out:
+            ending = "killed at deadline"
+        else:
+            ending = f"exit {self.returncode}"
+        text = f"{self.command_line}\n[{ending} after {self.duration_s:.2f} s]"
+        if self.stderr.strip():
+            text += "\nstderr:\n" + self.stderr.strip()[-limit:]
+        return text
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to a process group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        # A member changed credentials (setuid helper): nothing more we can do to it.
+        return False
+    return True
+
+
+async def _drain(stream: asyncio.StreamReader | None, sink: bytearray) -> None:
+    if stream is None:
+        return
+    while True:
+        chunk = await stream.read(READ_CHUNK)
+        if not chunk:
+            return
+        sink.extend(chunk)
+
+
+def resolve_executable(name: str) -> str:
+    """Absolute path of a tool, or ToolNotFound naming it and the PATH searched."""
+    if os.sep in name:
+        if os.access(name, os.X_OK):
+            return name
+        raise ToolNotFound(f"{name}: not found or not executable")
+    found = shutil.which(name)
+    if found is None:
+        raise ToolNotFound(
+            f"'{name}' is not installed or not on PATH (PATH={os.environ.get('PATH', '')}); "
+            f"install it (Debian: apt-get install {_debian_package(name)})"
+        )
+    return found
+
+
+def _debian_package(tool: str) -> str:
+    return {"ping": "iputils-ping", "ip": "iproute2"}.get(tool, tool)
+
+
+async def run_command(
+    argv: Sequence[str],
+    timeout_s: float,
+    *,
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    stdin_data: bytes | None = None,
+) -> RawRun:
+    """Run ``argv`` with a deadline; never raises for the tool's own failures.
+
+    Raises ToolNotFound when ``argv[0]`` cannot be executed. A tool that outlives ``timeout_s``
+    yields ``timed_out=True`` with whatever output it produced before the kill.
+    """
+    if not argv:
+        raise ValueError("empty argv")
+    argv = tuple(str(a) for a in argv)
+    executable = resolve_executable(argv[0])
+    started_at = utcnow()
+    t0 = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            executable,
+            *argv[1:],
+            stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+        )
+    except (FileNotFoundError, PermissionError) as exc:
+        raise ToolNotFound(f"{argv[0]}: cannot execute: {exc.strerror}") from exc
+    pgid = proc.pid  # start_new_session makes the child its group leader
+    out, err = bytearray(), bytearray()
+    if stdin_data is not None and proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin_data)
+            await proc.stdin.drain()
+        proc.stdin.close()
+    readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
+    timed_out = False
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.gather(readers, proc.wait())), timeout_s)
+    except TimeoutError:
+        timed_out = True
+        await _terminate_group(proc, pgid, kill_grace_s)
+    except asyncio.CancelledError:
+        await _terminate_group(proc, pgid, kill_grace_s)
+        raise
+    finally:
+        # Sweep stragglers (forked helpers still in the group), then stop reading.
+        _signal_group(pgid, signal.SIGKILL)
+        if not readers.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(readers), 1.0)
+            readers.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await readers
+    return RawRun(
+        argv=argv,
+        stdout=out.decode("utf-8", errors="replace"),
+        stderr=err.decode("utf-8", errors="replace"),
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        started_at=started_at,
+        duration_s=time.monotonic() - t0,
+        pid=proc.pid,
+    )
+
+
+async def _terminate_group(proc: asyncio.subprocess.Process, pgid: int, grace_s: float) -> None:
+    """TERM the group, wait ``grace_s``, then KILL it; never waits more than grace + KILL_WAIT_S."""
+    if _signal_group(pgid, signal.SIGTERM):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace_s)
+    _signal_group(pgid, signal.SIGKILL)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
+
+
+_version_cache: dict[tuple[str, ...], str | None] = {}
+
+
+async def tool_version(argv: Sequence[str], timeout_s: float = 5.0) -> str | None:
+    """First non-empty line a tool prints for its version flag, cached per argv."""
+    key = tuple(argv)
+    if key not in _version_cache:
+        try:
+            raw = await run_command(key, timeout_s)
+        except ToolNotFound:
+            return None
+        text = (raw.stdout + "\n" + raw.stderr).strip()
+        _version_cache[key] = text.splitlines()[0].strip() if text else None
+    return _version_cache[key]
