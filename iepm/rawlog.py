@@ -4,7 +4,8 @@ One file per target × probe × UTC day (``LOGDIR/YYYY-MM-DD/TARGET.PROBE.log``)
 appended as a record framed by lines carrying its unique token, so no tool output can be
 mistaken for a frame::
 
-    ==== iepm-run token=3f2a… time=2026-11-22T11:04:21.123Z target=cern-1 probe=ping exit=0 timeout=0 duration_s=9.012
+    ==== iepm-run token=3f2a… time=2026-11-22T11:04:21.123Z target=cern-1 probe=ping \
+        exit=0 timeout=0 duration_s=9.012     (one line in the file)
     $ ping -c 10 198.18.3.2
     …stdout…
     ---- stderr token=3f2a…

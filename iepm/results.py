@@ -34,7 +34,8 @@ def utcnow() -> datetime:
 
 def format_time(moment: datetime) -> str:
     """ISO 8601 in UTC with millisecond precision and a ``Z``, as the envelope documents."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 class Result(BaseModel):

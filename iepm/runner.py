@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shlex
 import shutil
@@ -53,14 +54,23 @@ class RawRun:
 
     def diags(self, limit: int = 4000) -> str:
         """The exact command line, how it ended and the tail of stderr: what a person needs."""
-        if self.timed_out:
-            ending = "killed at deadline"
-        else:
-            ending = f"exit {self.returncode}"
+        ending = "killed at deadline" if self.timed_out else f"exit {self.returncode}"
         text = f"{self.command_line}\n[{ending} after {self.duration_s:.2f} s]"
         if self.stderr.strip():
             text += "\nstderr:\n" + self.stderr.strip()[-limit:]
         return text
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: if the monitor is killed (even -9), the kernel kills the tool.
+
+    Without this a ``kill -9`` of the scheduler would orphan an iperf3 or ping in flight.
+    """
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
@@ -132,6 +142,7 @@ async def run_command(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
             env=dict(env) if env is not None else None,
             cwd=cwd,
         )

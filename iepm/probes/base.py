@@ -126,8 +126,7 @@ def result_from_raw(
         outcome = Outcome.TIMEOUT
         error = (
             f"{module.TOOL} to {ctx.target} ({ctx.address}) did not finish within its "
-            f"{spec.deadline_s():g} s deadline and was killed"
-            + (f"; {error}" if error else "")
+            f"{spec.deadline_s():g} s deadline and was killed" + (f"; {error}" if error else "")
         )
     elif error is not None:
         outcome = Outcome.FAILED

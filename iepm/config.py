@@ -1,0 +1,204 @@
+"""``targets.toml``: the monitor, its targets and their probe parameters.
+
+Validation happens at the edge with pydantic; every error names the file, the line and the field::
+
+    targets.toml:23: targets[1].iperf3.streams: Input should be less than or equal to 128 (got 500)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from iepm.errors import ConfigError
+from iepm.probes import PROBES
+from iepm.probes.base import ProbeSpec
+from iepm.tomlpos import format_loc, line_of
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEFAULT_PROBES = ("ping", "traceroute", "iperf3")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MonitorConfig(StrictModel):
+    name: str = Field(default_factory=socket.gethostname)
+    cycle_interval_s: float = Field(default=5400.0, ge=1.0, le=7 * 86400)
+    archive: str = "sqlite:///var/lib/iepm/archive.db"
+    log_dir: str = "/var/lib/iepm/raw"
+    # Random delay added before each cycle so that monitors do not fall into lock-step.
+    start_jitter_s: float = Field(default=0.0, ge=0.0, le=3600.0)
+    # Run every probe inside this network namespace (the lab's monitor host).
+    netns: str | None = None
+
+
+class TargetConfig(StrictModel):
+    name: str
+    address: str
+    site: str | None = None
+    group: str | None = None
+    probes: list[str] = Field(default_factory=lambda: list(DEFAULT_PROBES))
+    # If ping is expected to work and fails, heavy probes are skipped (the seeds' sanity rule).
+    ping_expected: bool = True
+    mode: Literal["plain"] = "plain"
+    # Per-probe parameters, e.g. [targets.iperf3] streams = 4; validated against each Spec.
+    ping: dict[str, Any] = Field(default_factory=dict)
+    traceroute: dict[str, Any] = Field(default_factory=dict)
+    iperf3: dict[str, Any] = Field(default_factory=dict)
+    load: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(
+                "target names are 1-64 letters, digits, '.', '_' or '-', starting with a "
+                f"letter or digit (got {value!r})"
+            )
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address_is_plausible(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            # A host name: resolved by the tools at run time, so a DNS change is followed.
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$", value):
+                raise ValueError(f"not an IP address or host name: {value!r}") from None
+        return value
+
+    @field_validator("probes")
+    @classmethod
+    def _probes_are_known(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in PROBES:
+                raise ValueError(f"unknown probe {name!r} (known: {', '.join(sorted(PROBES))})")
+        if len(set(value)) != len(value):
+            raise ValueError("a probe is listed twice")
+        return value
+
+
+class Config(StrictModel):
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    defaults: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    targets: list[TargetConfig] = Field(default_factory=list)
+
+    @field_validator("defaults")
+    @classmethod
+    def _defaults_name_probes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in value:
+            if name not in PROBES:
+                raise ValueError(f"unknown probe {name!r} (known: {', '.join(sorted(PROBES))})")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_target_names(self) -> Config:
+        seen: set[str] = set()
+        for target in self.targets:
+            if target.name in seen:
+                raise ValueError(f"duplicate target name {target.name!r}")
+            seen.add(target.name)
+        return self
+
+    def target(self, name: str) -> TargetConfig:
+        for target in self.targets:
+            if target.name == name:
+                return target
+        raise ConfigError(f"no target named {name!r} (known: {', '.join(self.target_names())})")
+
+    def target_names(self) -> list[str]:
+        return [t.name for t in self.targets]
+
+    def spec_for(self, target: TargetConfig, probe: str) -> ProbeSpec:
+        """The validated spec of one probe for one target: defaults, then the target's own."""
+        merged = {**self.defaults.get(probe, {}), **getattr(target, probe)}
+        spec: ProbeSpec = PROBES[probe].Spec.model_validate(merged)
+        return spec
+
+
+def _describe(error: dict[str, Any]) -> str:
+    message = str(error["msg"])
+    if error.get("type") not in ("missing", "extra_forbidden") and "input" in error:
+        given = error["input"]
+        if not isinstance(given, dict | list):
+            message += f" (got {given!r})"
+    if error.get("type") == "extra_forbidden":
+        message = "unknown field (check the spelling; see the README for the fields)"
+    return message
+
+
+Problem = tuple[tuple[str | int, ...], str]
+
+
+def _raise_for(path: Path | None, text: str, errors: list[Problem]) -> NoReturn:
+    where = str(path) if path else "<config>"
+    lines = []
+    for loc, message in errors:
+        line = line_of(text, loc) if text else None
+        prefix = f"{where}:{line}" if line else where
+        lines.append(f"{prefix}: {format_loc(loc) or '(top level)'}: {message}")
+    raise ConfigError("\n".join(lines))
+
+
+def load_config_text(text: str, path: Path | None = None) -> Config:
+    where = str(path) if path else "<config>"
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        _raise_for(path, text, [(tuple(e["loc"]), _describe(dict(e))) for e in exc.errors()])
+    errors: list[Problem] = []
+    for name, values in config.defaults.items():
+        try:
+            PROBES[name].Spec.model_validate(values)
+        except ValidationError as exc:
+            errors += [(("defaults", name, *e["loc"]), _describe(dict(e))) for e in exc.errors()]
+    for index, target in enumerate(config.targets):
+        for probe in PROBES:
+            try:
+                spec = config.spec_for(target, probe)
+            except ValidationError as exc:
+                for e in exc.errors():
+                    field = e["loc"][0] if e["loc"] else None
+                    own = field in getattr(target, probe) or field is None
+                    loc = (
+                        ("targets", index, probe, *e["loc"])
+                        if own
+                        else ("defaults", probe, *e["loc"])
+                    )
+                    errors.append((loc, _describe(dict(e))))
+                continue
+            # A measurement must fit in a cycle, or cycles would overlap forever.
+            if probe in target.probes and spec.deadline_s() >= config.monitor.cycle_interval_s:
+                errors.append(
+                    (
+                        ("targets", index, probe),
+                        f"{probe} may run {spec.deadline_s():g} s, not less than the cycle "
+                        f"interval ({config.monitor.cycle_interval_s:g} s)",
+                    )
+                )
+    if errors:
+        _raise_for(path, text, errors)
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return load_config_text(text, path)

@@ -1,0 +1,239 @@
+"""Measurement cycles that never hang and never lose a finished result.
+
+A cycle visits every target once, in a new random order each cycle (so that no target always
+meets the same time of day or the same neighbour). For each target the background probes
+(ping, traceroute, load) run side by side, then the exclusive probes (bandwidth tests) run one
+at a time — never two bandwidth tests from this monitor at once. If ping is expected to work and
+fails, the heavy probes are skipped and recorded as skipped, with the reason (the seeds' sanity
+rule: a dead path would otherwise cost a full iperf3 timeout per probe).
+
+Each result is written to the archive in its own transaction as soon as its probe finishes.
+If the archive cannot be written, the result is appended to a spool file beside the raw logs and
+written back at the start of the next cycle. A cycle that overruns its interval is recorded and
+the next one starts late rather than overlapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+
+from iepm.config import Config, TargetConfig
+from iepm.errors import StoreError
+from iepm.probes import PROBES
+from iepm.probes.base import ProbeContext, failed_result, skipped_result
+from iepm.rawlog import RawLog
+from iepm.results import Outcome, Result, utcnow
+from iepm.store import Archive
+
+log = logging.getLogger(__name__)
+
+# Extra time past a probe's own deadline before the scheduler gives up on it (the runner's kill
+# has its own deadline; this guards against a bug anywhere else in the probe).
+PROBE_GUARD_S = 15.0
+
+
+@dataclass
+class CycleReport:
+    number: int
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_s: float = 0.0
+    interval_s: float = 0.0
+    overran: bool = False
+    results: list[Result] = field(default_factory=list)
+    probe_time_s: float = 0.0
+
+    @property
+    def outcomes(self) -> Counter[str]:
+        return Counter(r.outcome.value for r in self.results)
+
+
+@dataclass
+class SchedulerHealth:
+    """Counters that /metrics and the CLI expose: failures must be visible."""
+
+    runs_by_outcome: Counter[str] = field(default_factory=Counter)
+    cycles: int = 0
+    cycle_overruns: int = 0
+    archive_write_failures: int = 0
+    spooled_results: int = 0
+
+
+ResultCallback = Callable[[Result], None]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: Config,
+        archive: Archive,
+        *,
+        on_result: ResultCallback | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.archive = archive
+        self.raw_log = RawLog(config.monitor.log_dir)
+        self.spool_path = Path(config.monitor.log_dir) / "spool.jsonl"
+        self.on_result = on_result
+        self.rng = rng or random.Random()
+        self.exclusive = asyncio.Lock()
+        self.health = SchedulerHealth()
+        self.cycle_number = 0
+
+    # -- storing -------------------------------------------------------------------------------
+
+    def _store(self, result: Result) -> None:
+        self.health.runs_by_outcome[result.outcome.value] += 1
+        try:
+            self.archive.add(result)
+        except StoreError as exc:
+            self.health.archive_write_failures += 1
+            log.error("archive write failed, result spooled to %s: %s", self.spool_path, exc)
+            self._spool(result)
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def _spool(self, result: Result) -> None:
+        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.spool_path.open("a", encoding="utf-8") as spool:
+            spool.write(json.dumps(result.envelope()) + "\n")
+            spool.flush()
+        self.health.spooled_results += 1
+
+    def flush_spool(self) -> int:
+        """Write spooled results back into the archive; returns how many were written."""
+        if not self.spool_path.exists():
+            return 0
+        pending = [
+            Result.model_validate(json.loads(line))
+            for line in self.spool_path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
+        try:
+            self.archive.add_many(pending)
+        except StoreError as exc:
+            log.error("archive still not writable, %d results stay spooled: %s", len(pending), exc)
+            return 0
+        self.spool_path.unlink()
+        return len(pending)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _context(self, target: TargetConfig) -> ProbeContext:
+        return ProbeContext(
+            target=target.name,
+            address=target.address,
+            monitor=self.config.monitor.name,
+            raw_log=self.raw_log,
+            netns=self.config.monitor.netns,
+        )
+
+    async def _run_probe(self, module: ModuleType, target: TargetConfig) -> Result:
+        spec = self.config.spec_for(target, module.NAME)
+        ctx = self._context(target)
+        try:
+            result: Result = await asyncio.wait_for(
+                module.run(spec, ctx), spec.deadline_s() + PROBE_GUARD_S
+            )
+        except TimeoutError:
+            result = failed_result(
+                module,
+                spec,
+                ctx,
+                f"{module.NAME} to {target.name} overran its deadline and was abandoned",
+                outcome=Outcome.TIMEOUT,
+            )
+        self._store(result)
+        return result
+
+    async def run_target(self, target: TargetConfig) -> list[Result]:
+        modules = [PROBES[name] for name in target.probes]
+        background = [m for m in modules if m.META.scheduling == "background"]
+        exclusive = [m for m in modules if m.META.scheduling == "exclusive"]
+        results = list(await asyncio.gather(*(self._run_probe(m, target) for m in background)))
+        skip_reason = None
+        ping = next((r for r in results if r.probe == "ping"), None)
+        if target.ping_expected and ping is not None and not ping.succeeded:
+            skip_reason = (
+                f"skipped because ping to {target.name} ({target.address}) failed and "
+                f"ping_expected=true: {ping.error}"
+            )
+        for module in exclusive:
+            if skip_reason:
+                spec = self.config.spec_for(target, module.NAME)
+                result = skipped_result(module, spec, self._context(target), skip_reason)
+                self._store(result)
+                results.append(result)
+                continue
+            async with self.exclusive:
+                results.append(await self._run_probe(module, target))
+        return results
+
+    async def run_cycle(self) -> CycleReport:
+        self.cycle_number += 1
+        report = CycleReport(
+            number=self.cycle_number,
+            started_at=utcnow(),
+            interval_s=self.config.monitor.cycle_interval_s,
+        )
+        self.flush_spool()
+        t0 = time.monotonic()
+        order = list(self.config.targets)
+        self.rng.shuffle(order)
+        for target in order:
+            report.results.extend(await self.run_target(target))
+        report.duration_s = time.monotonic() - t0
+        report.finished_at = utcnow()
+        report.overran = report.duration_s > report.interval_s
+        report.probe_time_s = sum(r.duration_s for r in report.results)
+        self.health.cycles += 1
+        if report.overran:
+            self.health.cycle_overruns += 1
+            log.warning(
+                "cycle %d took %.1f s, longer than its %.1f s interval; the next starts late",
+                report.number,
+                report.duration_s,
+                report.interval_s,
+            )
+        try:
+            self.archive.add_cycle(
+                monitor=self.config.monitor.name,
+                started_at=report.started_at,
+                finished_at=report.finished_at,
+                interval_s=report.interval_s,
+                overran=report.overran,
+                n_results=len(report.results),
+                n_failed=sum(1 for r in report.results if not r.succeeded),
+            )
+        except StoreError as exc:
+            self.health.archive_write_failures += 1
+            log.error("could not record cycle %d: %s", report.number, exc)
+        return report
+
+    async def run(self, *, cycles: int | None = None) -> list[CycleReport]:
+        """Run cycles back to back at the configured interval (forever when ``cycles`` is None)."""
+        reports: list[CycleReport] = []
+        interval = self.config.monitor.cycle_interval_s
+        while cycles is None or len(reports) < cycles:
+            jitter = self.config.monitor.start_jitter_s
+            if jitter:
+                await asyncio.sleep(self.rng.uniform(0, jitter))
+            t0 = time.monotonic()
+            report = await self.run_cycle()
+            reports.append(report)
+            if cycles is not None and len(reports) >= cycles:
+                break
+            # Overran: start the next cycle now (late) rather than overlapping.
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+        return reports

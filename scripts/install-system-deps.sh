@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install the Debian packages iepm runs on, only those missing. Safe to re-run.
+set -euo pipefail
+
+# command -> Debian package
+declare -A NEEDED=(
+  [iperf3]=iperf3
+  [ping]=iputils-ping
+  [traceroute]=traceroute
+  [fping]=fping
+  [ip]=iproute2
+  [tc]=iproute2
+  [ps]=procps
+  [/usr/lib/postgresql/15/bin/initdb]=postgresql
+)
+missing=()
+for cmd in "${!NEEDED[@]}"; do
+  if [[ "$cmd" == /* ]]; then [[ -x "$cmd" ]] && continue
+  else command -v "$cmd" >/dev/null 2>&1 && continue; fi
+  missing+=("${NEEDED[$cmd]}")
+done
+# A virtualenv needs python3-venv on Debian's own Python.
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then missing+=(python3-venv); fi
+if [[ ${#missing[@]} -eq 0 ]]; then exit 0; fi
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+if [[ $(id -u) -ne 0 ]]; then
+  echo "iepm needs these Debian packages: ${missing[*]}" >&2
+  echo "run as root: apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# iperf3 asks whether to start a system-wide daemon; we never want one.
+echo "iperf3 iperf3/start_daemon boolean false" | debconf-set-selections
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian's postgresql package starts a cluster of its own; the tests run private ones.
+if printf '%s\n' "${missing[@]}" | grep -qx postgresql && command -v pg_ctlcluster >/dev/null; then
+  pg_ctlcluster 15 main stop >/dev/null 2>&1 || true
+fi
