@@ -309,7 +309,7 @@ def run_cmd(
     config: Annotated[Path, typer.Option("--config", "-c", help="targets.toml")],
     once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False,
     cycles: Annotated[int | None, typer.Option(help="Run this many cycles and exit.")] = None,
-    live: Annotated[bool, typer.Option(help="Show a live table of results.")] = True,
+    live: Annotated[bool, typer.Option("--live/--no-live", help="Show a live table.")] = True,
 ) -> None:
     """Run measurement cycles as the config says (forever, unless --once or --cycles)."""
     from iepm.console import LiveTable
@@ -334,7 +334,7 @@ def run_cmd(
             else:
                 console.print(
                     f"{result.started_at:%Y-%m-%dT%H:%M:%SZ} {result.target} {result.probe} "
-                    f"{result.outcome.value}: {_line(result)}",
+                    f"{result.outcome.value}: {_line(result)} [{result.id}]",
                     highlight=False,
                 )
 

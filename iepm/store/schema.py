@@ -1,0 +1,104 @@
+"""The archive's tables, as SQLAlchemy Core metadata.
+
+This module describes the schema at the *latest* migration; the database itself only changes
+through the Alembic revisions in ``migrations/versions`` (a test checks that the two agree on
+SQLite and PostgreSQL). Text columns are unbounded so that a value SQLite accepts is never
+rejected by PostgreSQL, and constraint names follow a convention so that later batch-mode
+migrations on SQLite can refer to them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    TypeDecorator,
+)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A moment in time, always read back timezone-aware in UTC.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time zone type, so the value is stored as
+    naive UTC text, which also sorts correctly. A naive value is taken as local time, exactly as
+    ``Result.envelope()`` does, so the stored moment is the one the envelope shows.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# One row per Result, one column per envelope field. ``params`` and ``data`` are JSON (``json``,
+# not ``jsonb``, on PostgreSQL: the text is kept as written, so key order and number spelling
+# round-trip exactly).
+results = Table(
+    "results",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("schema", Integer, nullable=False),
+    Column("probe", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("tool_version", Text),
+    Column("monitor", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("target_address", Text),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("succeeded", Boolean, nullable=False),
+    Column("error", Text),
+    Column("diags", Text, nullable=False),
+    Column("raw_token", Text),
+    Column("params", JSON, nullable=False),
+    Column("data", JSON, nullable=False),
+    Index(None, "target", "probe", "started_at"),
+    Index(None, "probe", "started_at"),
+    # One raw run yields one result: re-extraction finds (and replaces) it by its token.
+    Index(None, "raw_token", unique=True),
+)
+
+# One row per scheduler cycle, to see overruns and failure counts over time.
+cycles = Table(
+    "cycles",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("monitor", Text, nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime, nullable=False),
+    Column("interval_s", Float, nullable=False),
+    Column("overran", Boolean, nullable=False),
+    Column("n_results", Integer, nullable=False),
+    Column("n_failed", Integer, nullable=False),
+    Index(None, "monitor", "started_at"),
+)

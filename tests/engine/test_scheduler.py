@@ -1,0 +1,196 @@
+"""Cycles on loopback targets with the real tools, stored in a real archive."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from iepm.config import load_config_text
+from iepm.errors import StoreError
+from iepm.rawlog import RawLog
+from iepm.results import Result
+from iepm.scheduler import Scheduler
+from iepm.store import Archive
+from tests.helpers import blackhole_netns, iperf3_server, is_root
+
+
+def config_text(tmp_path: Path, port: int, extra: str = "", interval: float = 300) -> str:
+    return f"""
+[monitor]
+name = "test-mon"
+cycle_interval_s = {interval}
+archive = "sqlite:///{tmp_path}/archive.db"
+log_dir = "{tmp_path}/raw"
+
+[defaults.ping]
+count = 3
+interval_s = 0.2
+
+[defaults.traceroute]
+max_hops = 5
+wait_s = 1
+
+[defaults.iperf3]
+duration_s = 1
+
+[[targets]]
+name = "up"
+address = "127.0.0.1"
+[targets.iperf3]
+port = {port}
+
+[[targets]]
+name = "no-server"
+address = "127.0.0.2"
+[targets.iperf3]
+port = {port}
+{extra}
+"""
+
+
+def test_a_cycle_measures_stores_and_logs_every_probe(tmp_path: Path) -> None:
+    with iperf3_server("127.0.0.1") as port:
+        config = load_config_text(config_text(tmp_path, port))
+        seen: list[Result] = []
+        with Archive.open(config.monitor.archive) as archive:
+            scheduler = Scheduler(config, archive, on_result=seen.append, rng=random.Random(1))
+            report = asyncio.run(scheduler.run_cycle())
+            stored = {r.id: r for r in archive.results()}
+    assert len(report.results) == 6
+    by = {(r.target, r.probe): r for r in report.results}
+    assert by[("up", "ping")].succeeded and by[("up", "ping")].data["loss_percent"] == 0
+    assert by[("up", "traceroute")].data["reached"]
+    assert by[("up", "iperf3")].succeeded, by[("up", "iperf3")].error
+    assert by[("up", "iperf3")].data["throughput_bps"] > 1e6
+    failed = by[("no-server", "iperf3")]
+    assert failed.outcome.value == "failed" and "127.0.0.2" in (failed.error or "")
+    assert "iperf3 -c 127.0.0.2" in failed.diags
+    # Every result is in the archive, exactly as reported, and in the callback.
+    assert set(stored) == {r.id for r in report.results} == {r.id for r in seen}
+    assert stored[failed.id].envelope() == failed.envelope()
+    # Every run has its raw record, findable by token.
+    tokens = {run.raw.token for run in RawLog(tmp_path / "raw").runs()}
+    assert {r.raw_token for r in report.results} <= tokens
+    assert report.duration_s < report.interval_s and not report.overran
+    assert scheduler.health.runs_by_outcome["ok"] == 5
+
+
+def test_bandwidth_tests_never_overlap(tmp_path: Path) -> None:
+    extra = """
+[[targets]]
+name = "up-too"
+address = "127.0.0.1"
+"""
+    with iperf3_server("127.0.0.1") as port:
+        text = config_text(tmp_path, port, extra).replace(
+            'name = "up-too"\naddress = "127.0.0.1"',
+            f'name = "up-too"\naddress = "127.0.0.1"\n[targets.iperf3]\nport = {port}',
+        )
+        config = load_config_text(text)
+        with Archive.open(config.monitor.archive) as archive:
+            report = asyncio.run(Scheduler(config, archive).run_cycle())
+    runs = sorted(
+        (r.started_at.timestamp(), r.started_at.timestamp() + r.duration_s)
+        for r in report.results
+        if r.probe == "iperf3"
+    )
+    assert len(runs) == 3
+    for (_, end), (start, _) in zip(runs, runs[1:], strict=False):
+        assert start >= end - 0.01
+
+
+def test_order_is_randomised_per_cycle(tmp_path: Path) -> None:
+    extra = "".join(
+        f'\n[[targets]]\nname = "t{i}"\naddress = "127.0.0.{i + 10}"\nprobes = ["ping"]\n'
+        for i in range(5)
+    )
+    config = load_config_text(
+        config_text(tmp_path, 9, extra).replace('count = 3\ninterval_s = 0.2', "count = 1")
+    )
+    config.targets = config.targets[2:]
+    with Archive.open(config.monitor.archive) as archive:
+        scheduler = Scheduler(config, archive, rng=random.Random(7))
+        orders = [[r.target for r in asyncio.run(scheduler.run_cycle()).results] for _ in range(3)]
+    assert len({tuple(o) for o in orders}) > 1
+
+
+class FlakyArchive:
+    """Wraps a real archive; its first writes fail as a dead database would."""
+
+    def __init__(self, archive: Archive, failures: int) -> None:
+        self.archive = archive
+        self.failures = failures
+
+    def add(self, result: Result) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreError("database is locked (injected)")
+        self.archive.add(result)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.archive, name)
+
+
+def test_results_are_spooled_when_the_archive_fails_and_written_later(tmp_path: Path) -> None:
+    config = load_config_text(config_text(tmp_path, 9).replace("probes", "x"))
+    for target in config.targets:
+        target.probes = ["ping"]
+    with Archive.open(config.monitor.archive) as archive:
+        flaky = FlakyArchive(archive, failures=2)
+        scheduler = Scheduler(config, flaky)  # type: ignore[arg-type]
+        first = asyncio.run(scheduler.run_cycle())
+        assert scheduler.health.archive_write_failures == 2
+        assert archive.count() == 0
+        assert scheduler.spool_path.exists()
+        asyncio.run(scheduler.run_cycle())
+        ids = {r.id for r in archive.results()}
+    assert {r.id for r in first.results} <= ids
+    assert len(ids) == 4
+    assert not scheduler.spool_path.exists()
+
+
+@pytest.mark.lab
+@pytest.mark.skipif(not is_root(), reason="needs root to create a network namespace")
+def test_failed_ping_skips_heavy_probes_when_ping_is_expected(tmp_path: Path) -> None:
+    with blackhole_netns() as (netns, dead):
+        text = f"""
+[monitor]
+name = "test-mon"
+cycle_interval_s = 300
+archive = "sqlite:///{tmp_path}/archive.db"
+log_dir = "{tmp_path}/raw"
+netns = "{netns}"
+
+[defaults.ping]
+count = 2
+interval_s = 0.2
+
+[[targets]]
+name = "dead"
+address = "{dead}"
+probes = ["ping", "iperf3"]
+
+[[targets]]
+name = "dead-no-icmp"
+address = "{dead}"
+probes = ["ping", "iperf3"]
+ping_expected = false
+[targets.iperf3]
+duration_s = 1
+connect_timeout_ms = 1000
+"""
+        config = load_config_text(text)
+        with Archive.open(config.monitor.archive) as archive:
+            report = asyncio.run(Scheduler(config, archive).run_cycle())
+    by = {(r.target, r.probe): r for r in report.results}
+    assert by[("dead", "ping")].outcome.value == "failed"
+    skipped = by[("dead", "iperf3")]
+    assert skipped.outcome.value == "skipped"
+    assert "ping to dead" in (skipped.error or "") and "ping_expected=true" in (skipped.error or "")
+    # Not expected to answer ping: the bandwidth test is still tried (and fails on its own).
+    tried = by[("dead-no-icmp", "iperf3")]
+    assert tried.outcome.value in ("failed", "timeout")
+    assert tried.raw_token is not None
