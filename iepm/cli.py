@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -33,7 +34,6 @@ probe_app = typer.Typer(help="Run one measurement now and print the result.", no
 app.add_typer(probe_app, name="probe")
 
 console = Console()
-err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result envelope as JSON.")]
 NetnsOpt = Annotated[
@@ -58,7 +58,8 @@ class OutputFormat(StrEnum):
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    # Plain text, never wrapped: error lines are read by people and by grep alike.
+    sys.stderr.write(f"error: {message}\n")
     return typer.Exit(code)
 
 
@@ -317,6 +318,7 @@ def run_cmd(
     from iepm.store import Archive
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         loaded = load_config(config)
         archive = Archive.open(loaded.monitor.archive)
@@ -325,18 +327,20 @@ def run_cmd(
     count = 1 if once else cycles
     table = LiveTable(f"iepm {loaded.monitor.name}: latest results")
     show_live = live and console.is_terminal
-    with archive, Live(table.render(), console=console, disable=not show_live) as view:
+    view = Live(table.render(), console=console) if show_live else None
+    with archive, view or contextlib.nullcontext():
 
         def on_result(result: Result) -> None:
             table.update(result)
-            if show_live:
+            if view is not None:
                 view.update(table.render())
             else:
-                console.print(
+                # One unwrapped line per result, flushed: a log or a pipe sees it at once.
+                sys.stdout.write(
                     f"{result.started_at:%Y-%m-%dT%H:%M:%SZ} {result.target} {result.probe} "
-                    f"{result.outcome.value}: {_line(result)} [{result.id}]",
-                    highlight=False,
+                    f"{result.outcome.value}: {_line(result)} [{result.id}]\n"
                 )
+                sys.stdout.flush()
 
         scheduler = Scheduler(loaded, archive, on_result=on_result)
         try:

@@ -2,11 +2,13 @@
 
 One file per target × probe × UTC day (``LOGDIR/YYYY-MM-DD/TARGET.PROBE.log``). Each run is
 appended as a record framed by lines carrying its unique token, so no tool output can be
-mistaken for a frame::
+mistaken for a frame. The probe's parameters ride along so that re-extraction reads the output
+exactly as the first extraction did::
 
     ==== iepm-run token=3f2a… time=2026-11-22T11:04:21.123Z target=cern-1 probe=ping \
         exit=0 timeout=0 duration_s=9.012     (one line in the file)
     $ ping -c 10 198.18.3.2
+    % params {"count": 10, "interval_s": 1.0, …}
     …stdout…
     ---- stderr token=3f2a…
     …stderr…
@@ -15,6 +17,7 @@ mistaken for a frame::
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from iepm.results import format_time
 from iepm.runner import RawRun
@@ -31,6 +35,7 @@ HEADER_RE = re.compile(
     r"probe=(?P<probe>\S+) exit=(?P<exit>\S+) timeout=(?P<timeout>[01]) "
     r"duration_s=(?P<duration>[0-9.]+)$"
 )
+PARAMS_PREFIX = "% params "
 SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -46,6 +51,7 @@ class LoggedRun:
     raw: RawRun
     path: Path
     line: int
+    params: dict[str, Any] | None = None
 
 
 class RawLog:
@@ -58,10 +64,12 @@ class RawLog:
         day = moment.strftime("%Y-%m-%d")
         return self.directory / day / f"{safe_name(target)}.{safe_name(probe)}.log"
 
-    def append(self, target: str, probe: str, raw: RawRun) -> Path:
+    def append(
+        self, target: str, probe: str, raw: RawRun, params: dict[str, Any] | None = None
+    ) -> Path:
         path = self.path_for(target, probe, raw.started_at)
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = format_record(target, probe, raw)
+        record = format_record(target, probe, raw, params)
         # One write of the whole record, then fsync: a kill can only cut the last record.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -83,16 +91,23 @@ def _text_block(text: str) -> str:
     return text if not text or text.endswith("\n") else text + "\n"
 
 
-def format_record(target: str, probe: str, raw: RawRun) -> str:
+def format_record(
+    target: str, probe: str, raw: RawRun, params: dict[str, Any] | None = None
+) -> str:
     exit_code = "none" if raw.returncode is None else str(raw.returncode)
     header = (
         f"==== iepm-run token={raw.token} time={format_time(raw.started_at)} "
         f"target={safe_name(target)} probe={safe_name(probe)} exit={exit_code} "
         f"timeout={int(raw.timed_out)} duration_s={raw.duration_s:.3f}\n"
     )
+    # The command must stay on one line; shlex quoting keeps newlines, so escape them.
+    command = raw.command_line.replace("\\", "\\\\").replace("\n", "\\n")
+    # Always written, so that a tool's first output line is never taken for it.
+    params_line = f"{PARAMS_PREFIX}{json.dumps(params, sort_keys=True)}\n"
     return (
         header
-        + f"$ {raw.command_line}\n"
+        + f"$ {command}\n"
+        + params_line
         + _text_block(raw.stdout)
         + f"---- stderr token={raw.token}\n"
         + _text_block(raw.stderr)
@@ -114,7 +129,15 @@ def read_log(path: Path) -> Iterator[LoggedRun]:
         stderr_marker = f"---- stderr token={token}\n"
         end_marker = f"==== end token={token}\n"
         command = lines[i + 1][2:].rstrip("\n") if i + 1 < len(lines) else ""
+        command = re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], command)
         j = i + 2
+        params = None
+        if j < len(lines) and lines[j].startswith(PARAMS_PREFIX):
+            try:
+                params = json.loads(lines[j][len(PARAMS_PREFIX) :])
+            except json.JSONDecodeError:
+                params = None
+            j += 1
         stdout_lines: list[str] = []
         while j < len(lines) and lines[j] != stderr_marker:
             stdout_lines.append(lines[j])
@@ -138,4 +161,4 @@ def read_log(path: Path) -> Iterator[LoggedRun]:
             duration_s=float(match["duration"]),
             token=token,
         )
-        yield LoggedRun(match["target"], match["probe"], raw, path, start + 1)
+        yield LoggedRun(match["target"], match["probe"], raw, path, start + 1, params)

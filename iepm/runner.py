@@ -135,15 +135,17 @@ async def run_command(
     started_at = utcnow()
     t0 = time.monotonic()
     try:
+        # argv[0] stays as given (tools name themselves by it in messages); the resolved path
+        # is what runs. The C locale keeps outputs parsable whatever the host's language.
         proc = await asyncio.create_subprocess_exec(
-            executable,
-            *argv[1:],
+            *argv,
+            executable=executable,
             stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
             preexec_fn=_die_with_parent,
-            env=dict(env) if env is not None else None,
+            env={**(dict(env) if env is not None else os.environ), "LC_ALL": "C"},
             cwd=cwd,
         )
     except (FileNotFoundError, PermissionError) as exc:
@@ -196,15 +198,15 @@ async def _terminate_group(proc: asyncio.subprocess.Process, pgid: int, grace_s:
         await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
 
 
-_version_cache: dict[tuple[str, ...], str | None] = {}
+_version_cache: dict[tuple[str, ...], str | None] = {}  # by (PATH, *argv)
 
 
 async def tool_version(argv: Sequence[str], timeout_s: float = 5.0) -> str | None:
     """First non-empty line a tool prints for its version flag, cached per argv."""
-    key = tuple(argv)
+    key = (os.environ.get("PATH", ""), *argv)
     if key not in _version_cache:
         try:
-            raw = await run_command(key, timeout_s)
+            raw = await run_command(argv, timeout_s)
         except ToolNotFound:
             return None
         text = (raw.stdout + "\n" + raw.stderr).strip()

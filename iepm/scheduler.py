@@ -33,7 +33,7 @@ from iepm.probes import PROBES
 from iepm.probes.base import ProbeContext, failed_result, skipped_result
 from iepm.rawlog import RawLog
 from iepm.results import Outcome, Result, utcnow
-from iepm.store import Archive
+from iepm.store import Archive, Cycle
 
 log = logging.getLogger(__name__)
 
@@ -208,13 +208,15 @@ class Scheduler:
             )
         try:
             self.archive.add_cycle(
-                monitor=self.config.monitor.name,
-                started_at=report.started_at,
-                finished_at=report.finished_at,
-                interval_s=report.interval_s,
-                overran=report.overran,
-                n_results=len(report.results),
-                n_failed=sum(1 for r in report.results if not r.succeeded),
+                Cycle(
+                    monitor=self.config.monitor.name,
+                    started_at=report.started_at,
+                    finished_at=report.finished_at,
+                    interval_s=report.interval_s,
+                    overran=report.overran,
+                    n_results=len(report.results),
+                    n_failed=sum(1 for r in report.results if not r.succeeded),
+                )
             )
         except StoreError as exc:
             self.health.archive_write_failures += 1

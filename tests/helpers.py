@@ -31,7 +31,10 @@ def wait_listening(host: str, port: int, timeout_s: float = 5.0, netns: str | No
         else:
             out = subprocess.run(
                 ["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"],
-                capture_output=True, text=True, timeout=5, check=False,
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
             ).stdout
             if out.strip():
                 return
@@ -88,13 +91,28 @@ def blackhole_netns(prefix: str = "iepmt") -> Iterator[tuple[str, str]]:
     name = f"{prefix}-bh-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
     try:
+
         def ns(*args: str) -> None:
             subprocess.run(["ip", "-n", name, *args], check=True, timeout=10)
 
         ns("link", "set", "lo", "up")
-        ns("link", "add", "bh0", "type", "dummy")
+        # A veth pair inside the namespace; a permanent neighbour entry sends the frames for
+        # the dead address to a MAC that nobody has, so they vanish with no ICMP error.
+        ns("link", "add", "bh0", "type", "veth", "peer", "name", "bh1")
         ns("addr", "add", "198.18.250.1/24", "dev", "bh0")
         ns("link", "set", "bh0", "up")
+        ns("link", "set", "bh1", "up")
+        ns(
+            "neigh",
+            "add",
+            "198.18.250.2",
+            "lladdr",
+            "02:00:5e:00:00:02",
+            "dev",
+            "bh0",
+            "nud",
+            "permanent",
+        )
         yield name, "198.18.250.2"
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False, timeout=10)

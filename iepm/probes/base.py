@@ -8,13 +8,16 @@ A probe module exposes::
     COLUMNS: list[Column]           # scalar fields of ``data`` exported as table columns
     class Spec(ProbeSpec)           # pydantic parameters, with deadline_s()
     def build_argv(spec, address) -> list[str]
-    def parse(raw: RawRun) -> dict  # pure; raises ParseError / ToolFailed
+    def parse(raw: RawRun, spec: Spec | None = None) -> dict
+                                    # pure: the same output and spec give the same data;
+                                    # raises ParseError / ToolFailed
     def check(data, spec) -> str | None   # why a parsed run is still a failure, or None
     async def run(spec, ctx) -> Result    # usually: return await execute(<module>, spec, ctx)
 """
 
 from __future__ import annotations
 
+import shlex
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -112,13 +115,13 @@ def result_from_raw(
     version: str | None,
 ) -> Result:
     """Turn a captured run into a Result; failures become data, never exceptions."""
-    parse: Callable[[RawRun], dict[str, Any]] = module.parse
+    parse: Callable[[RawRun, Any], dict[str, Any]] = module.parse
     check: Callable[[dict[str, Any], Any], str | None] = module.check
     data: dict[str, Any] = {}
     error: str | None = None
     outcome = Outcome.OK
     try:
-        data = parse(raw)
+        data = parse(raw, spec)
         error = check(data, spec)
     except (ParseError, ToolFailed) as exc:
         error = str(exc)
@@ -157,7 +160,7 @@ async def execute(module: ModuleType, spec: ProbeSpec, ctx: ProbeContext) -> Res
     try:
         raw = await run_command(argv, spec.deadline_s())
     except ToolNotFound as exc:
-        return failed_result(module, spec, ctx, str(exc), diags=" ".join(argv))
+        return failed_result(module, spec, ctx, str(exc), diags=shlex.join(argv))
     if ctx.raw_log is not None:
-        ctx.raw_log.append(ctx.target, module.NAME, raw)
+        ctx.raw_log.append(ctx.target, module.NAME, raw, params=spec.model_dump(mode="json"))
     return result_from_raw(module, spec, ctx, raw, version)

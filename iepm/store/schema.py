@@ -10,6 +10,7 @@ migrations on SQLite can refer to them.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+
 from sqlalchemy import (
     JSON,
     Boolean,

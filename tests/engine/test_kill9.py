@@ -87,7 +87,7 @@ def test_kill_9_mid_cycle_then_restart(tmp_path: Path) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         # The tool in flight dies with the monitor (it would otherwise be orphaned).
-        gone, alive = psutil.wait_procs(tools, timeout=5)
+        _, alive = psutil.wait_procs(tools, timeout=5)
         assert not alive, f"orphaned tools: {[p.pid for p in alive]}"
 
         with Archive.open(f"sqlite:///{tmp_path}/archive.db") as archive:
@@ -98,7 +98,9 @@ def test_kill_9_mid_cycle_then_restart(tmp_path: Path) -> None:
         # The monitor restarts on the same archive and carries on.
         again = subprocess.run(
             iepm("run", "--config", str(config), "--once", "--no-live"),
-            capture_output=True, text=True, timeout=120,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert again.returncode == 0, again.stderr
         with Archive.open(f"sqlite:///{tmp_path}/archive.db") as archive:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from pathlib import Path
 
@@ -98,7 +99,7 @@ address = "127.0.0.1"
         if r.probe == "iperf3"
     )
     assert len(runs) == 3
-    for (_, end), (start, _) in zip(runs, runs[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(runs):
         assert start >= end - 0.01
 
 
@@ -108,7 +109,7 @@ def test_order_is_randomised_per_cycle(tmp_path: Path) -> None:
         for i in range(5)
     )
     config = load_config_text(
-        config_text(tmp_path, 9, extra).replace('count = 3\ninterval_s = 0.2', "count = 1")
+        config_text(tmp_path, 9, extra).replace("count = 3\ninterval_s = 0.2", "count = 1")
     )
     config.targets = config.targets[2:]
     with Archive.open(config.monitor.archive) as archive:

@@ -29,7 +29,14 @@ def alive(pid: int) -> bool:
 
 
 def test_captures_output_and_exit_code() -> None:
-    raw = run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"], 10)
+    raw = run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)",
+        ],
+        10,
+    )
     assert raw.stdout == "out\n"
     assert raw.stderr == "err\n"
     assert raw.returncode == 3
@@ -63,7 +70,10 @@ def test_timeout_kills_the_whole_group_and_keeps_partial_output(tmp_path: Path) 
 
 
 def test_a_tool_that_ignores_sigterm_is_killed() -> None:
-    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('x', flush=True); time.sleep(300)"
+    script = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('x', flush=True); time.sleep(300)"
+    )
     t0 = time.monotonic()
     raw = run([sys.executable, "-c", script], 1.0, kill_grace_s=0.5)
     assert raw.timed_out

@@ -1,0 +1,248 @@
+"""Step changes: an offline segmentation for history pages and an online alerting detector.
+
+Offline (:func:`segment`): optimal partitioning (PELT pruning) with a Gaussian-kernel cost. A
+bounded kernel makes the cost robust: an outlier adds at most one "sample" of cost wherever it
+lands, so it cannot pay for a segment of its own, while a shift of the level or a change of the
+spread (a congested period) does. The kernel bandwidth follows the series' own noise (a robust
+scale of the first differences), so the penalty is in units of samples and carries across series
+of any unit or size.
+
+Online (:class:`OnlineDetector`): a robust reference (median and scale of the current segment) and
+an alert when ``confirm`` consecutive samples all fall outside the band on the same side. One
+outlier never alerts; a level shift alerts ``confirm - 1`` samples after it starts. The alert
+reports where the change began, its direction and its size.
+
+Missing samples (NaN, inf) are skipped by both; indices always refer to the input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+# Chosen on the tune half of rtt-changes/ (see benchmarks/changes.py), never on the test half.
+DEFAULT_PENALTY = 10.0
+DEFAULT_BANDWIDTH = 4.0
+DEFAULT_MIN_SIZE = 2
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    """A level change at ``index`` (first sample of the new level)."""
+
+    index: int
+    before: float  # median of the segment before
+    after: float  # median of the segment after
+    change_percent: float  # (after - before) / |before| * 100; nan when before == 0
+    direction: str  # "up" or "down"
+    alert_index: int | None = None  # online only: the sample at which the alert was raised
+
+    @property
+    def size(self) -> float:
+        return self.after - self.before
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _percent(before: float, after: float) -> float:
+    return (after - before) / abs(before) * 100.0 if before != 0 else math.nan
+
+
+def noise_scale(y: FloatArray) -> float:
+    """Robust noise standard deviation: MAD of the first differences / √2 (ignores steps)."""
+    if y.size < 3:
+        return 0.0
+    d = np.diff(y)
+    mad = float(np.median(np.abs(d - np.median(d))))
+    if mad == 0.0:
+        # Quantised or mostly-constant data: fall back to the mean absolute difference.
+        mad = float(np.mean(np.abs(d))) / 1.4826
+    return 1.4826 * mad / math.sqrt(2.0)
+
+
+def _bandwidth(y: FloatArray, factor: float) -> float:
+    sigma = noise_scale(y)
+    # A floor relative to the level keeps a near-constant series from making every wiggle a step.
+    floor = 1e-3 * float(np.median(np.abs(y))) if y.size else 0.0
+    h = factor * max(sigma, floor)
+    return h if h > 0 else 1.0
+
+
+def kernel_pelt(x: FloatArray, penalty: float, bandwidth: float, min_size: int = 2) -> list[int]:
+    """Change points (start indices of new segments) minimising Σ cost + penalty·#changes.
+
+    Segment cost with the Gaussian kernel k(a, b) = exp(-(a-b)²/(2h²)):
+    ``len - ΣΣ k / len`` (kernel "variance"), updated incrementally per candidate start.
+    """
+    n = int(x.size)
+    if n < 2 * min_size:
+        return []
+    inv = -0.5 / (bandwidth * bandwidth)
+    best = np.full(n + 1, np.inf)
+    best[0] = -penalty
+    last = np.zeros(n + 1, dtype=np.int64)
+    cands = np.zeros(1, dtype=np.int64)  # candidate segment starts, increasing
+    within = np.zeros(1)  # ΣΣ k over [c, t) for each candidate
+    for t in range(1, n + 1):
+        lo = int(cands[0])
+        k = np.exp(inv * (x[lo : t - 1] - x[t - 1]) ** 2)
+        # Σ_{i in [c, t-1)} k(x_i, x_{t-1}) for each candidate c: suffix sums of k.
+        suffix = np.concatenate((np.cumsum(k[::-1])[::-1], [0.0]))
+        within += 2.0 * suffix[cands - lo] + 1.0
+        length = t - cands
+        cost = length - within / length
+        total = best[cands] + cost
+        ok = length >= min_size
+        if np.any(ok):
+            j = int(np.argmin(np.where(ok, total, np.inf)))
+            best[t] = total[j] + penalty
+            last[t] = cands[j]
+            keep = ~ok | (total <= best[t])
+            cands, within = cands[keep], within[keep]
+        cands = np.append(cands, t)
+        within = np.append(within, 0.0)
+    cps: list[int] = []
+    t = n
+    while t > 0:
+        t = int(last[t])
+        if t > 0:
+            cps.append(t)
+    return sorted(cps)
+
+
+def _finite(y: Sequence[float] | FloatArray) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    arr = np.asarray(y, dtype=np.float64)
+    idx = np.flatnonzero(np.isfinite(arr))
+    return arr[idx], idx
+
+
+def segment(
+    y: Sequence[float] | FloatArray,
+    *,
+    penalty: float = DEFAULT_PENALTY,
+    bandwidth: float = DEFAULT_BANDWIDTH,
+    min_size: int = DEFAULT_MIN_SIZE,
+) -> list[ChangePoint]:
+    """Offline segmentation of a whole series into segments of stable level and spread.
+
+    ``bandwidth`` is in units of the robust noise scale; ``penalty`` in samples.
+    """
+    x, idx = _finite(y)
+    cps = kernel_pelt(x, penalty, _bandwidth(x, bandwidth), min_size)
+    bounds = [0, *cps, int(x.size)]
+    out = []
+    for a, b, c in zip(bounds, bounds[1:], bounds[2:], strict=False):
+        before = float(np.median(x[a:b]))
+        after = float(np.median(x[b:c]))
+        out.append(
+            ChangePoint(
+                index=int(idx[b]),
+                before=before,
+                after=after,
+                change_percent=_percent(before, after),
+                direction="up" if after >= before else "down",
+            )
+        )
+    return out
+
+
+class OnlineDetector:
+    """Alerting step detector, fed one sample at a time (no look-ahead).
+
+    A sample is *deviant* when it is further than ``threshold`` robust standard deviations (and
+    ``min_relative`` of the level) from the median of the current segment. ``confirm``
+    consecutive deviant samples on the same side raise an alert; the segment then restarts at
+    the first of them. Scale: MAD of the current segment, never below the noise scale of the
+    recent history (so a new, short segment is not judged on two or three samples).
+    """
+
+    def __init__(
+        self,
+        *,
+        threshold: float = 6.0,
+        confirm: int = 2,
+        min_relative: float = 0.005,
+        window: int = 50,
+        warmup: int = 5,
+    ) -> None:
+        if confirm < 1 or window < 3 or warmup < 2:
+            raise ValueError("confirm >= 1, window >= 3 and warmup >= 2 are required")
+        self.threshold = threshold
+        self.confirm = confirm
+        self.min_relative = min_relative
+        self.window = window
+        self.warmup = warmup
+        self._segment: deque[float] = deque(maxlen=window)
+        self._recent: deque[float] = deque(maxlen=4 * window)
+        self._pending: list[tuple[int, float]] = []
+        self._index = -1
+
+    @property
+    def pending(self) -> bool:
+        """True while deviant samples wait for confirmation (a possible change or outlier)."""
+        return bool(self._pending)
+
+    def _scale(self, med: float) -> float:
+        seg = np.fromiter(self._segment, dtype=np.float64)
+        mad = 1.4826 * float(np.median(np.abs(seg - med)))
+        recent = noise_scale(np.fromiter(self._recent, dtype=np.float64))
+        return max(mad, recent, self.min_relative * abs(med) / self.threshold, 1e-12)
+
+    def update(self, value: float) -> ChangePoint | None:
+        """Feed the next sample; returns a :class:`ChangePoint` when an alert is raised."""
+        self._index += 1
+        if not math.isfinite(value):
+            return None
+        i = self._index
+        if len(self._segment) < self.warmup:
+            self._segment.append(value)
+            self._recent.append(value)
+            return None
+        med = float(np.median(np.fromiter(self._segment, dtype=np.float64)))
+        dev = (value - med) / self._scale(med)
+        if abs(dev) > self.threshold:
+            sign = 1.0 if dev > 0 else -1.0
+            if self._pending and (self._pending[0][1] - med) * sign <= 0:
+                self._pending = []  # a deviant run on the other side starts afresh
+            self._pending.append((i, value))
+            if len(self._pending) >= self.confirm:
+                start = self._pending[0][0]
+                values = [v for _, v in self._pending]
+                after = float(np.median(values))
+                self._segment.clear()
+                self._segment.extend(values)
+                self._recent.extend(values)
+                self._pending = []
+                return ChangePoint(
+                    index=start,
+                    before=med,
+                    after=after,
+                    change_percent=_percent(med, after),
+                    direction="up" if after >= med else "down",
+                    alert_index=i,
+                )
+            return None
+        # An isolated deviant sample was an outlier: it never enters the reference.
+        self._pending = []
+        self._segment.append(value)
+        self._recent.append(value)
+        return None
+
+
+def detect_online(y: Iterable[float], **options: float) -> list[ChangePoint]:
+    """Run :class:`OnlineDetector` over a series; the alerts it would have raised, in order."""
+    det = OnlineDetector(**options)  # type: ignore[arg-type]
+    alerts = []
+    for v in y:
+        cp = det.update(float(v))
+        if cp is not None:
+            alerts.append(cp)
+    return alerts

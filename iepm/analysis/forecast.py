@@ -1,0 +1,400 @@
+"""One-step-ahead forecasts with calibrated 80% prediction intervals.
+
+Every predictor sees only the past: walk-forward, one step ahead, irregular spacing allowed
+(time enters only where it matters: Holt's smoothing and same-time-last-week).
+
+Baselines, as the IEPM-BW seeds define them:
+
+- ``ma5``: mean of the last 5 measurements; interval mean ± 1.28·stdev of those 5 (the seeds'
+  "± stdev", scaled to a nominal 80%).
+- ``ewma``: F(t+1) = w·F(t) + (1 − w)·O(t), w = 0.7 (w weighs the previous average); interval
+  ± 1.28·stdev of the last 5 measurements, as for ``ma5``.
+
+Better predictors:
+
+- ``median5``: median of the last 5 — robust to the single outliers throughput series are full of.
+- ``holt``: Holt's level and damped trend, with smoothing scaled by the time since the previous
+  sample (Wright's treatment of irregular spacing: a long gap forgets more of the past).
+- ``levelshift``: He, Dovrolis & Ammar's level-shift-aware history: the median of the recent
+  samples of the *current* level only. Outliers are kept out, and the history restarts when the
+  online step detector (:mod:`iepm.analysis.changes`) confirms a shift.
+- ``lastweek``: the median of the measurements within ±1 h of the same time of day one and two
+  weeks back, and one day back; for diurnal paths. Absent when no such measurement exists.
+
+``auto`` is the NWS-style ensemble: at every step it uses the predictor with the lowest recent
+error (exponentially weighted mean of the relative error, capped so one near-zero observation
+cannot decide), which may change from step to step.
+
+Intervals for everything but the baselines are conformal: empirical quantiles of the method's
+last relative errors (o − f)/|f|, with the miscoverage level adapted online (Gibbs & Candès'
+adaptive conformal inference) so coverage stays near 80% when the error distribution drifts.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from iepm.analysis.changes import OnlineDetector
+from iepm.analysis.series import AnalysisError
+
+FloatArray = npt.NDArray[np.float64]
+
+Z80 = 1.2816  # standard normal 90% quantile: mean ± Z80·sd is a nominal 80% interval
+START = 5  # first forecast index: MA(5) needs 5 measurements
+BASELINES = ("ma5", "ewma")
+PREDICTORS = ("median5", "holt", "levelshift", "lastweek")
+METHODS = (*BASELINES, *PREDICTORS, "auto")
+
+HOUR = 3600.0
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The forecast of measurement ``index`` made from the measurements before it."""
+
+    index: int
+    t: float
+    observed: float
+    forecast: float
+    lower: float
+    upper: float
+    method: str
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class _Predictor:
+    name = ""
+
+    def __init__(self) -> None:
+        self.t: list[float] = []
+        self.y: list[float] = []
+
+    def predict(self, t_next: float) -> float | None:
+        raise NotImplementedError
+
+    def update(self, t: float, y: float) -> None:
+        self.t.append(t)
+        self.y.append(y)
+
+
+class MovingAverage(_Predictor):
+    name = "ma5"
+
+    def __init__(self, k: int = 5) -> None:
+        super().__init__()
+        self.k = k
+
+    def predict(self, t_next: float) -> float | None:
+        return float(np.mean(self.y[-self.k :])) if self.y else None
+
+
+class Ewma(_Predictor):
+    name = "ewma"
+
+    def __init__(self, w: float = 0.7) -> None:
+        super().__init__()
+        self.w = w
+        self.level: float | None = None
+
+    def predict(self, t_next: float) -> float | None:
+        return self.level
+
+    def update(self, t: float, y: float) -> None:
+        super().update(t, y)
+        self.level = y if self.level is None else self.w * self.level + (1 - self.w) * y
+
+
+class MedianK(_Predictor):
+    name = "median5"
+
+    def __init__(self, k: int = 5) -> None:
+        super().__init__()
+        self.k = k
+
+    def predict(self, t_next: float) -> float | None:
+        return float(np.median(self.y[-self.k :])) if self.y else None
+
+
+class Holt(_Predictor):
+    """Damped-trend Holt; α and β apply per typical spacing, compounded over longer gaps."""
+
+    name = "holt"
+
+    def __init__(self, alpha: float = 0.5, beta: float = 0.05, phi: float = 0.9) -> None:
+        super().__init__()
+        self.alpha, self.beta, self.phi = alpha, beta, phi
+        self.level: float | None = None
+        self.trend = 0.0  # per unit of typical spacing
+        self.spacing: float | None = None
+
+    def _steps(self, dt: float) -> float:
+        if self.spacing is None or self.spacing <= 0:
+            return 1.0
+        return min(max(dt / self.spacing, 0.0), 50.0)
+
+    def predict(self, t_next: float) -> float | None:
+        if self.level is None:
+            return None
+        h = self._steps(t_next - self.t[-1])
+        damp = self.phi * (1 - self.phi**h) / (1 - self.phi) if h > 0 else 0.0
+        return self.level + damp * self.trend
+
+    def update(self, t: float, y: float) -> None:
+        if self.level is None:
+            super().update(t, y)
+            self.level = y
+            return
+        gaps = np.diff(self.t[-20:] + [t])
+        gaps = gaps[gaps > 0]
+        self.spacing = float(np.median(gaps)) if gaps.size else self.spacing
+        h = self._steps(t - self.t[-1])
+        a = 1 - (1 - self.alpha) ** max(h, 1e-3)
+        b = 1 - (1 - self.beta) ** max(h, 1e-3)
+        prev = self.level
+        guess = self.predict(t)
+        assert guess is not None
+        self.level = a * y + (1 - a) * guess
+        self.trend = b * (self.level - prev) / max(h, 1e-3) + (1 - b) * self.trend * self.phi
+        super().update(t, y)
+
+
+class LevelShift(_Predictor):
+    """Median of the last ``k`` samples of the current level (He, Dovrolis & Ammar)."""
+
+    name = "levelshift"
+
+    def __init__(self, k: int = 10) -> None:
+        super().__init__()
+        self.k = k
+        self.detector = OnlineDetector(threshold=4.0, confirm=2, min_relative=0.1)
+        self.level: deque[float] = deque(maxlen=k)
+
+    def predict(self, t_next: float) -> float | None:
+        return float(np.median(self.level)) if self.level else None
+
+    def update(self, t: float, y: float) -> None:
+        super().update(t, y)
+        alert = self.detector.update(y)
+        if alert is not None:
+            self.level.clear()
+            self.level.extend(self.y[alert.index :])
+        elif not self.detector.pending:
+            self.level.append(y)
+
+
+class LastWeek(_Predictor):
+    """Median of the measurements near the same time 1 day, 1 week and 2 weeks back."""
+
+    name = "lastweek"
+
+    def __init__(self, tolerance: float = HOUR) -> None:
+        super().__init__()
+        self.tolerance = tolerance
+
+    def predict(self, t_next: float) -> float | None:
+        near: list[float] = []
+        for lag in (DAY, 7 * DAY, 14 * DAY):
+            a = bisect_left(self.t, t_next - lag - self.tolerance)
+            b = bisect_right(self.t, t_next - lag + self.tolerance)
+            near.extend(self.y[a:b])
+        return float(np.median(near)) if len(near) >= 2 else None
+
+
+def _make_predictors() -> list[_Predictor]:
+    return [MovingAverage(), Ewma(), MedianK(), Holt(), LevelShift(), LastWeek()]
+
+
+class ConformalBand:
+    """Adaptive conformal interval from the last ``window`` relative errors of one method."""
+
+    def __init__(
+        self, coverage: float = 0.8, window: int = 100, gamma: float = 0.01, min_errors: int = 10
+    ) -> None:
+        self.target = 1.0 - coverage
+        self.alpha = self.target
+        self.gamma = gamma
+        self.min_errors = min_errors
+        self.errors: deque[float] = deque(maxlen=window)
+
+    @staticmethod
+    def scale(f: float, floor: float) -> float:
+        return max(abs(f), floor)
+
+    def interval(self, f: float, floor: float, fallback_sd: float) -> tuple[float, float]:
+        if len(self.errors) < self.min_errors:
+            return f - Z80 * fallback_sd, f + Z80 * fallback_sd
+        errs = np.fromiter(self.errors, dtype=np.float64)
+        a = min(max(self.alpha, 0.0), 1.0)
+        lo, hi = np.quantile(errs, [a / 2, 1 - a / 2])
+        s = self.scale(f, floor)
+        return min(f + float(lo) * s, f), max(f + float(hi) * s, f)
+
+    def update(self, f: float, observed: float, floor: float, inside: bool) -> None:
+        if len(self.errors) >= self.min_errors:
+            self.alpha += self.gamma * (self.target - (0.0 if inside else 1.0))
+        self.errors.append((observed - f) / self.scale(f, floor))
+
+
+class _Selector:
+    """NWS-style choice: the available predictor with the lowest recent (capped) relative error."""
+
+    def __init__(self, names: Sequence[str], decay: float = 0.9, cap: float = 1.0) -> None:
+        self.decay = decay
+        self.cap = cap
+        self.score = dict.fromkeys(names, math.nan)
+
+    def choose(self, forecasts: dict[str, float | None], default: str) -> str:
+        best, best_score = default, math.inf
+        for name, f in forecasts.items():
+            s = self.score.get(name, math.nan)
+            if f is not None and not math.isnan(s) and s < best_score:
+                best, best_score = name, s
+        return best
+
+    def update(self, forecasts: dict[str, float | None], observed: float, floor: float) -> None:
+        for name, f in forecasts.items():
+            if f is None or name not in self.score:
+                continue
+            err = min(abs(observed - f) / max(abs(observed), floor), self.cap)
+            old = self.score[name]
+            self.score[name] = err if math.isnan(old) else self.decay * old + (1 - self.decay) * err
+
+
+def _check(t: Sequence[float] | FloatArray, y: Sequence[float] | FloatArray) -> tuple[
+    FloatArray, FloatArray
+]:
+    ta = np.asarray(t, dtype=np.float64)
+    ya = np.asarray(y, dtype=np.float64)
+    if ta.shape != ya.shape or ta.ndim != 1:
+        raise AnalysisError("timestamps and values must be 1-d and of the same length")
+    if not (np.all(np.isfinite(ta)) and np.all(np.isfinite(ya))):
+        raise AnalysisError("timestamps and values must be finite")
+    if ta.size > 1 and np.any(np.diff(ta) < 0):
+        raise AnalysisError("timestamps must not go backwards")
+    return ta, ya
+
+
+def walk_forward_all(
+    t: Sequence[float] | FloatArray,
+    y: Sequence[float] | FloatArray,
+    *,
+    start: int = START,
+    coverage: float = 0.8,
+) -> dict[str, list[Forecast]]:
+    """Walk-forward one-step-ahead forecasts of every method, from index ``start`` on.
+
+    Every method forecasts the same indices, so their errors compare point for point.
+    """
+    ta, ya = _check(t, y)
+    if coverage <= 0 or coverage >= 1:
+        raise AnalysisError("coverage must be between 0 and 1")
+    # Work in units of the largest magnitude: no overflow, and the floors below are relative.
+    unit = float(np.max(np.abs(ya))) if ya.size else 1.0
+    unit = unit if unit > 0 else 1.0
+    yn = ya / unit
+    preds = _make_predictors()
+    names = [p.name for p in preds]
+    bands = {n: ConformalBand(coverage) for n in [*PREDICTORS, "auto"]}
+    selector = _Selector(PREDICTORS)
+    z = Z80 if math.isclose(coverage, 0.8) else _normal_quantile(0.5 + coverage / 2)
+    out: dict[str, list[Forecast]] = {n: [] for n in METHODS}
+    for i in range(ya.size):
+        obs = float(yn[i])
+        if i >= max(start, 1):
+            recent = yn[max(0, i - 5) : i]
+            sd = float(np.std(recent, ddof=1)) if recent.size > 1 else 0.0
+            # Relative errors need a floor: 1% of the recent level, and never 0.
+            floor = 0.01 * float(np.mean(np.abs(yn[max(0, i - 20) : i]))) + 1e-12
+            fc: dict[str, float | None] = {p.name: p.predict(float(ta[i])) for p in preds}
+            fallback = fc["median5"]
+            assert fallback is not None
+            for name in names:
+                f = fc[name]
+                if f is None:
+                    f, method = fallback, "median5"
+                else:
+                    method = name
+                if name in BASELINES:
+                    lo, hi = f - z * sd, f + z * sd
+                else:
+                    lo, hi = bands[name].interval(f, floor, sd)
+                    bands[name].update(f, obs, floor, lo <= obs <= hi)
+                out[name].append(Forecast(i, float(ta[i]), obs, f, lo, hi, method))
+            choice = selector.choose({n: fc[n] for n in PREDICTORS}, "median5")
+            f_auto = fc[choice]
+            assert f_auto is not None
+            lo, hi = bands["auto"].interval(f_auto, floor, sd)
+            bands["auto"].update(f_auto, obs, floor, lo <= obs <= hi)
+            out["auto"].append(Forecast(i, float(ta[i]), obs, f_auto, lo, hi, choice))
+            selector.update({n: fc[n] for n in PREDICTORS}, obs, floor)
+        for p in preds:
+            p.update(float(ta[i]), obs)
+    return {name: [_rescale(fc, unit) for fc in fcs] for name, fcs in out.items()}
+
+
+def _rescale(f: Forecast, unit: float) -> Forecast:
+    return Forecast(
+        f.index,
+        f.t,
+        f.observed * unit,
+        f.forecast * unit,
+        min(f.lower * unit, f.forecast * unit),
+        max(f.upper * unit, f.forecast * unit),
+        f.method,
+    )
+
+
+def walk_forward(
+    t: Sequence[float] | FloatArray,
+    y: Sequence[float] | FloatArray,
+    method: str = "auto",
+    *,
+    start: int = START,
+    coverage: float = 0.8,
+) -> list[Forecast]:
+    """Walk-forward one-step-ahead forecasts of one method (``auto``: the ensemble)."""
+    if method not in METHODS:
+        raise AnalysisError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return walk_forward_all(t, y, start=start, coverage=coverage)[method]
+
+
+def forecast_next(
+    t: Sequence[float] | FloatArray,
+    y: Sequence[float] | FloatArray,
+    t_next: float,
+    method: str = "auto",
+    *,
+    coverage: float = 0.8,
+) -> Forecast:
+    """The forecast for a future time ``t_next`` (observed is NaN), using all of the history."""
+    ta, ya = _check(t, y)
+    if ta.size < 2:
+        raise AnalysisError("at least 2 measurements are needed to forecast")
+    if t_next < ta[-1]:
+        raise AnalysisError("t_next must not be before the last measurement")
+    # One dummy step at t_next: the walk forecasts it from the real history only.
+    fcs = walk_forward(
+        np.append(ta, t_next),
+        np.append(ya, ya[-1]),
+        method,
+        start=min(START, ta.size),
+        coverage=coverage,
+    )
+    f = fcs[-1]
+    return Forecast(f.index, f.t, math.nan, f.forecast, f.lower, f.upper, f.method)
+
+
+def _normal_quantile(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)

@@ -1,0 +1,417 @@
+"""The archive: every Result ever measured, in SQLite (default) or PostgreSQL.
+
+SQLite is one file in WAL mode: readers never block the writer, a second writing process waits
+(``busy_timeout``) instead of failing, and every commit is fsynced (``synchronous=FULL``), so a
+``kill -9`` or a power cut loses at most the result being written. PostgreSQL
+(``postgresql+psycopg://…``) lets several monitoring hosts share one archive.
+
+The schema only changes through the Alembic revisions in ``migrations/``; ``Archive.open``
+upgrades the database to the newest one, serialised between processes that open it at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from itertools import islice
+from pathlib import Path
+from typing import Any, Literal, Self, TypeVar
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import (
+    URL,
+    ColumnElement,
+    Connection,
+    Engine,
+    RowMapping,
+    Select,
+    create_engine,
+    event,
+    func,
+    insert,
+    make_url,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+from iepm.errors import StoreError
+from iepm.results import Outcome, Result, new_result_id
+from iepm.store.schema import cycles as CYCLES
+from iepm.store.schema import results as RESULTS
+
+Order = Literal["asc", "desc"]
+T = TypeVar("T")
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# A writer waits this long for another process's transaction (e.g. an import) to finish.
+BUSY_TIMEOUT_MS = 60_000
+PG_CONNECT_TIMEOUT_S = 10
+# pg_advisory_xact_lock key ("iepm"): hosts opening a fresh shared archive at once migrate in turn.
+PG_MIGRATION_LOCK = 0x6965706D
+# Rows fetched per round trip while streaming, and rows per executemany in add_many.
+STREAM_BATCH = 1000
+BULK_CHUNK = 5000
+# Execution option marking a write transaction: on SQLite it starts with BEGIN IMMEDIATE, which
+# takes the write lock up front, so a concurrent writer waits in busy_timeout instead of failing
+# when it would have to upgrade a read lock.
+WRITE = "iepm_write"
+# Text columns that may carry tool output. PostgreSQL refuses NUL in text, so NUL becomes U+FFFD
+# on both backends alike (the raw log keeps the verbatim bytes).
+TOOL_TEXT = ("tool_version", "error", "diags")
+# What re-extraction may change: the parser's reading of the same raw run.
+REEXTRACTED = ("schema", "data", "outcome", "succeeded", "error")
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One scheduler cycle: when it ran, whether it overran its interval, how it went."""
+
+    monitor: str
+    started_at: datetime
+    finished_at: datetime
+    interval_s: float
+    overran: bool
+    n_results: int
+    n_failed: int
+    id: str = field(default_factory=new_result_id)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own message, without SQLAlchemy's echo of the statement and parameters."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        return str(exc.orig).strip()
+    return str(exc).strip()
+
+
+def connect_engine(url: str) -> Engine:
+    """An engine for an archive URL (SQLite pragmas and transaction handling set up), without
+    touching the schema. Creates the parent directory of a SQLite file."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(
+            f"archive URL {url!r} is not a database URL "
+            "(use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+        ) from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed)
+    if backend == "postgresql":
+        connect_args = (
+            {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+        )
+        return create_engine(
+            parsed, pool_pre_ping=True, connect_args=connect_args, json_serializer=_dumps
+        )
+    raise StoreError(
+        f"archive URL {_shown(parsed)} names an unsupported database {backend!r} "
+        "(use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+    )
+
+
+def _shown(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:"):
+        raise StoreError(f"archive URL {_shown(url)} names no file; an archive is a file")
+    try:
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create the directory for archive {_shown(url)}: {exc}") from exc
+    engine = create_engine(url, json_serializer=_dumps)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # The sqlite3 module's own BEGIN handling skips reads and DDL; _on_begin does it instead.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # busy_timeout first, so that switching to WAL also waits for other processes.
+            cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        write = connection.get_execution_options().get(WRITE, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def alembic_config() -> Config:
+    """Alembic configured for the migrations shipped in this package (no alembic.ini)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return config
+
+
+def _upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest revision; a no-op read when it is already there."""
+    config = alembic_config()
+    script = ScriptDirectory.from_config(config)
+    head = script.get_current_head()
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    if current == head:
+        return
+    if current is not None:
+        try:
+            script.get_revision(current)
+        except CommandError:
+            raise StoreError(
+                f"archive {_shown(engine.url)} is at schema revision {current}, which this "
+                f"version of iepm does not know (its newest is {head}); upgrade iepm"
+            ) from None
+    with engine.connect() as conn:
+        conn.execution_options(**{WRITE: True})
+        with conn.begin():
+            if engine.dialect.name == "postgresql":
+                conn.execute(select(func.pg_advisory_xact_lock(PG_MIGRATION_LOCK)))
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+
+def _row(result: Result) -> dict[str, Any]:
+    # The envelope's JSON form is what gets stored (NaN becomes null, as in every envelope)...
+    row = result.envelope()
+    # ...except the start time, kept at full precision (the envelope shows milliseconds).
+    row["started_at"] = result.started_at
+    for key in TOOL_TEXT:
+        value = row[key]
+        if value and "\x00" in value:
+            row[key] = value.replace("\x00", "\ufffd")
+    return row
+
+
+def _result(row: Mapping[str, Any]) -> Result:
+    return Result.model_validate(dict(row))
+
+
+def _cycle(row: Mapping[str, Any]) -> Cycle:
+    return Cycle(**row)
+
+
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+class Archive:
+    """Results and scheduler cycles in one database. Open it with ``Archive.open(url)``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        #: The URL with any password hidden, as error messages show it.
+        self.url = _shown(engine.url)
+
+    @classmethod
+    def open(cls, url: str) -> Archive:
+        """Open (creating or upgrading as needed) the archive at ``url``:
+        ``sqlite:///path/to/archive.db`` or ``postgresql+psycopg://user:pass@host/db``."""
+        engine = connect_engine(url)
+        try:
+            _upgrade(engine)
+        except StoreError:
+            engine.dispose()
+            raise
+        except (SQLAlchemyError, CommandError, OSError) as exc:
+            engine.dispose()
+            raise StoreError(f"cannot open archive {_shown(engine.url)}: {_reason(exc)}") from exc
+        return cls(engine)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def add(self, result: Result) -> None:
+        """Store one result in its own transaction, committed (and on SQLite fsynced) on return."""
+        with self._writing(f"cannot add result {result.id}") as conn:
+            conn.execute(insert(RESULTS), _row(result))
+
+    def add_many(self, results: Iterable[Result]) -> int:
+        """Store many results in one transaction (all or none); returns how many."""
+        count = 0
+        with self._writing("cannot add results") as conn:
+            for chunk in _chunks(results, BULK_CHUNK):
+                conn.execute(insert(RESULTS), [_row(result) for result in chunk])
+                count += len(chunk)
+        return count
+
+    def upsert_by_token(self, result: Result) -> str:
+        """Store a re-extracted result: if a row has the same ``raw_token``, replace its
+        schema, data, outcome, succeeded and error (keeping its id); otherwise insert it.
+        Returns the id of the stored row."""
+        if result.raw_token is None:
+            raise ValueError(f"result {result.id} has no raw_token to match a stored run by")
+        dialect = sqlite if self._engine.dialect.name == "sqlite" else postgresql
+        statement = dialect.insert(RESULTS).values(_row(result))
+        statement = statement.on_conflict_do_update(
+            index_elements=[RESULTS.c.raw_token],
+            set_={key: statement.excluded[key] for key in REEXTRACTED},
+        ).returning(RESULTS.c.id)
+        with self._writing(f"cannot store re-extracted result {result.id}") as conn:
+            return str(conn.execute(statement).scalar_one())
+
+    def add_cycle(self, cycle: Cycle) -> None:
+        with self._writing(f"cannot add cycle {cycle.id}") as conn:
+            conn.execute(insert(CYCLES), asdict(cycle))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def results(
+        self,
+        probe: str | None = None,
+        target: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        monitor: str | None = None,
+        outcome: Outcome | str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        order: Order = "asc",
+    ) -> Iterator[Result]:
+        """Results matching every given filter (``since`` inclusive, ``until`` exclusive), by
+        start time then id, streamed from the database in batches."""
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        keys = (RESULTS.c.started_at, RESULTS.c.id)
+        query = (
+            select(RESULTS)
+            .where(*_filters(probe, target, since, until, monitor, outcome))
+            .order_by(*(key.asc() if order == "asc" else key.desc() for key in keys))
+            .limit(limit)
+            .offset(offset or None)
+        )
+        return self._stream(query, _result, "cannot read results")
+
+    def count(
+        self,
+        probe: str | None = None,
+        target: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        monitor: str | None = None,
+        outcome: Outcome | str | None = None,
+    ) -> int:
+        """How many results ``results()`` would yield with the same filters."""
+        query = (
+            select(func.count())
+            .select_from(RESULTS)
+            .where(*_filters(probe, target, since, until, monitor, outcome))
+        )
+        with self._errors("cannot count results"), self._engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def latest(self, probe: str, target: str) -> Result | None:
+        """The most recent result of ``probe`` against ``target``, if any."""
+        return next(self.results(probe=probe, target=target, limit=1, order="desc"), None)
+
+    def targets(self) -> list[str]:
+        """Every target that has results, sorted."""
+        query = select(RESULTS.c.target).distinct().order_by(RESULTS.c.target)
+        with self._errors("cannot list targets"), self._engine.connect() as conn:
+            return list(conn.execute(query).scalars())
+
+    def cycles(
+        self,
+        monitor: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> Iterator[Cycle]:
+        """Scheduler cycles, oldest first (``since`` inclusive, ``until`` exclusive)."""
+        conditions: list[ColumnElement[bool]] = []
+        if monitor is not None:
+            conditions.append(CYCLES.c.monitor == monitor)
+        if since is not None:
+            conditions.append(CYCLES.c.started_at >= since)
+        if until is not None:
+            conditions.append(CYCLES.c.started_at < until)
+        query = select(CYCLES).where(*conditions).order_by(CYCLES.c.started_at, CYCLES.c.id)
+        return self._stream(query, _cycle, "cannot read cycles")
+
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` ("ok" when sound); PostgreSQL guards its own
+        integrity, so there the answer is "ok" once the server answers."""
+        with self._errors("cannot check integrity"), self._engine.connect() as conn:
+            if self._engine.dialect.name != "sqlite":
+                conn.exec_driver_sql("SELECT 1")
+                return "ok"
+            return "\n".join(conn.exec_driver_sql("PRAGMA integrity_check").scalars())
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreError(f"{doing} (archive {self.url}): {_reason(exc)}") from exc
+
+    @contextmanager
+    def _writing(self, doing: str) -> Iterator[Connection]:
+        """One write transaction, committed when the block ends."""
+        with self._errors(doing), self._engine.connect() as conn:
+            conn.execution_options(**{WRITE: True})
+            with conn.begin():
+                yield conn
+
+    def _stream(
+        self, query: Select[Any], convert: Callable[[RowMapping], T], doing: str
+    ) -> Iterator[T]:
+        # Rows come in batches (a server-side cursor on PostgreSQL); the connection is released
+        # when the iterator is exhausted, closed or garbage-collected.
+        with self._errors(doing), self._engine.connect() as conn:
+            rows = conn.execute(query.execution_options(yield_per=STREAM_BATCH))
+            for row in rows.mappings():
+                yield convert(row)
+
+
+def _filters(
+    probe: str | None,
+    target: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    monitor: str | None,
+    outcome: Outcome | str | None,
+) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if probe is not None:
+        conditions.append(RESULTS.c.probe == probe)
+    if target is not None:
+        conditions.append(RESULTS.c.target == target)
+    if since is not None:
+        conditions.append(RESULTS.c.started_at >= since)
+    if until is not None:
+        conditions.append(RESULTS.c.started_at < until)
+    if monitor is not None:
+        conditions.append(RESULTS.c.monitor == monitor)
+    if outcome is not None:
+        conditions.append(RESULTS.c.outcome == Outcome(outcome).value)
+    return conditions

@@ -1,0 +1,157 @@
+"""Scheduled and manual events change routes and links at the right moment; cross traffic."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+
+import pytest
+from labtools import LabFactory, ping_rtts, ping_stamped
+
+from iepm.lab import Lab
+from iepm.lab.events import client_argv, segments
+from iepm.lab.topology import TrafficSpec
+
+SWITCH_AT_S = 4.0
+
+# mon reaches dst via ra (RTT 10 ms) until the event moves it via rb (RTT 60 ms).
+ROUTED = {
+    "lab": {"name": "ev", "seed": 3},
+    "hosts": [
+        {"name": "mon", "role": "monitor"},
+        {"name": "ra", "role": "router"},
+        {"name": "rb", "role": "router"},
+        {"name": "dst", "role": "target"},
+    ],
+    "links": [
+        {"name": "mon_ra", "a": "mon", "b": "ra", "delay_ms": 2},
+        {"name": "ra_dst", "a": "ra", "b": "dst", "delay_ms": 3},
+        {"name": "mon_rb", "a": "mon", "b": "rb", "delay_ms": 10},
+        {"name": "rb_dst", "a": "rb", "b": "dst", "delay_ms": 20},
+    ],
+    "events": [
+        {"name": "switch", "at_s": SWITCH_AT_S, "action": "route", "path": ["mon", "rb", "dst"]}
+    ],
+}
+
+
+def traceroute_hops(lab: Lab, node: str, target: str) -> list[str]:
+    run = lab.exec(node, ["traceroute", "-n", "-q", "1", "-w", "2", lab.address(target)], 30)
+    return re.findall(r"^\s*\d+\s+(\S+)", run.stdout, re.M)
+
+
+@pytest.mark.lab
+def test_route_switch_changes_hops_and_rtt_on_schedule(lab_factory: LabFactory) -> None:
+    lab = lab_factory(ROUTED, prefix="ev")
+    dst = lab.address("dst")
+
+    before = traceroute_hops(lab, "mon", "dst")
+    assert lab.ground_truth("mon", "dst")["hops"] == [lab.address("ra")]
+    assert before == [lab.address("ra"), dst]
+    out = lab.exec("mon", ["ping", "-n", "-D", "-i", "0.05", "-w", "7", dst], 20).stdout
+    samples = ping_stamped(out)
+    switch_real = lab.real_time(SWITCH_AT_S)
+    assert samples[0][0] < switch_real - 1, "ping started too late to see the switch"
+    first_long = next(t for t, rtt in samples if rtt > 35)
+    assert abs(first_long - switch_real) <= 1.0, first_long - switch_real
+    old = [rtt for t, rtt in samples if t < switch_real - 0.5]
+    new = [rtt for t, rtt in samples if t > switch_real + 0.5]
+    assert abs(statistics.median(old) - 10) <= 0.3
+    assert abs(statistics.median(new) - 60) <= 1.2
+    after = traceroute_hops(lab, "mon", "dst")
+    assert after == [lab.address("rb"), dst]
+    truth = lab.ground_truth("mon", "dst")
+    assert truth["hops"] == [lab.address("rb")] and truth["rtt_ms"] == 60
+    log = lab.events_log()
+    assert [e["name"] for e in log] == ["switch"] and log[0]["error"] is None
+    assert abs(log[0]["applied_unix"] - switch_real) < 0.5
+
+
+@pytest.mark.lab
+def test_manual_link_events_delay_step_and_down_up(lab_factory: LabFactory) -> None:
+    topo = {**ROUTED, "events": []}
+    lab = lab_factory(topo, prefix="lk")
+    dst = lab.address("dst")
+    lab.apply({"action": "link", "link": "ra_dst", "delay_ms": 13, "direction": "a_to_b"})
+    truth = lab.ground_truth("mon", "dst")
+    assert truth["delay_forward_ms"] == 15 and truth["delay_reverse_ms"] == 5
+    rtts = ping_rtts(lab.exec("mon", ["ping", "-n", "-c", "20", "-i", "0.02", dst]).stdout)
+    assert abs(statistics.median(rtts) - 20) <= 0.4
+    lab.apply({"action": "link", "link": "ra_dst", "up": False})
+    assert lab.ground_truth("mon", "dst")["links_up"] is False
+    run = lab.exec("mon", ["ping", "-n", "-c", "5", "-i", "0.05", "-W", "1", dst])
+    assert "0 received" in run.stdout
+    lab.apply({"action": "link", "link": "ra_dst", "up": True, "rate_mbit": 5})
+    assert lab.ground_truth("mon", "dst")["rate_mbit"] == 5
+    run = lab.exec("mon", ["ping", "-n", "-c", "5", "-i", "0.05", dst])
+    assert "5 received" in run.stdout
+
+
+@pytest.mark.lab
+def test_onoff_cross_traffic_loads_the_shared_link(lab_factory: LabFactory) -> None:
+    topo = {
+        "lab": {"name": "xt", "time_compression": 10.0},
+        "hosts": [
+            {"name": "mon", "role": "monitor"},
+            {"name": "r", "role": "router"},
+            {"name": "src", "role": "target"},
+            {"name": "dst", "role": "target"},
+        ],
+        "links": [
+            {"a": "mon", "b": "r", "delay_ms": 1},
+            {"a": "src", "b": "r", "delay_ms": 1},
+            {"name": "shared", "a": "r", "b": "dst", "delay_ms": 5, "rate_mbit": 20},
+        ],
+        # on for 30 lab s (3 s real) after 10 lab s, then off
+        "traffic": [
+            {
+                "name": "bulk",
+                "src": "src",
+                "dst": "dst",
+                "protocol": "udp",
+                "rate_mbit": 16,
+                "profile": "onoff",
+                "start_s": 10,
+                "on_s": 30,
+                "off_s": 1000,
+                "stop_s": 100,
+            }
+        ],
+    }
+    lab = lab_factory(topo, prefix="xt")
+    time.sleep(max(0.0, lab.real_time(25) - time.time()))  # middle of the on period
+    s1 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
+    time.sleep(1.0)
+    s2 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
+    rate_on = (s2 - s1) * 8 / 1e6
+    assert 12 <= rate_on <= 20, rate_on
+    time.sleep(max(0.0, lab.real_time(45) - time.time()))  # off again
+    s3 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
+    time.sleep(1.0)
+    s4 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
+    assert (s4 - s3) * 8 / 1e6 < 0.5
+
+
+def test_diurnal_segments_follow_the_day() -> None:
+    flow = TrafficSpec(
+        src="a", dst="b", protocol="udp", rate_mbit=30, min_rate_mbit=2,
+        profile="diurnal", step_s=3600, stop_s=86400,
+    )  # fmt: skip
+    segs = list(segments(flow, compression=60.0))
+    assert len(segs) == 24
+    rates = [r for _, _, r in segs]
+    assert rates.index(max(rates)) in (13, 14)  # the step around 14:00
+    assert min(rates) >= 2 and max(rates) <= 30
+    assert math.isclose(rates[11], rates[16], rel_tol=1e-9)  # symmetric around 14:00
+    argv = client_argv(flow, "198.18.0.2", 5301, 30.0)
+    assert argv[argv.index("-b") + 1] == "30000000" and "-u" in argv
+
+
+def test_onoff_segments_and_compression_floor() -> None:
+    flow = TrafficSpec(src="a", dst="b", profile="onoff", on_s=10, off_s=20, stop_s=70)
+    assert list(segments(flow, 1.0)) == [(0, 10, None), (30, 40, None), (60, 70, None)]
+    fast = TrafficSpec(src="a", dst="b", rate_mbit=5, profile="diurnal", step_s=1)
+    first = next(iter(segments(fast, compression=100.0)))
+    assert first[1] - first[0] == 200.0  # never shorter than 2 real seconds

@@ -1,0 +1,37 @@
+"""Child process of the concurrency tests: add results to an archive one transaction at a time,
+printing each id once its transaction has committed.
+
+    python writer.py URL PREFIX COUNT     (COUNT 0: until killed)
+"""
+
+from __future__ import annotations
+
+import sys
+from itertools import count
+
+from iepm.results import Result, utcnow
+from iepm.store import Archive
+
+
+def main() -> None:
+    url, prefix, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with Archive.open(url) as archive:
+        for n in count() if total == 0 else range(total):
+            result = Result(
+                id=f"{prefix}-{n:06d}",
+                probe="ping",
+                tool="ping",
+                monitor=prefix,
+                target=f"target-{n % 7}",
+                started_at=utcnow(),
+                raw_token=f"{prefix}-{n:06d}",
+                # Some bulk, so that a kill often lands inside a write.
+                diags="x" * 20_000,
+                data={"rtts_ms": [float(i) for i in range(500)]},
+            )
+            archive.add(result)
+            print(result.id, flush=True)
+
+
+if __name__ == "__main__":
+    main()
