@@ -58,7 +58,8 @@ def make_result(rng: random.Random, index: int, target: str, moment: datetime) -
     """A ping (or, for other targets, one in five an iperf3 run) shaped like the real ones."""
     rtts = [round(rng.uniform(40, 45), 3) for _ in range(10)]
     if target != YEAR_TARGET and index % 5 == 0:
-        probe, params = "iperf3", {"duration_s": 10, "streams": 4, "window_bytes": 16777216}
+        probe = "iperf3"
+        params: dict[str, Any] = {"duration_s": 10, "streams": 4, "window_bytes": 16777216}
         data: dict[str, Any] = {
             "throughput_bps": rng.uniform(1e8, 9.4e9),
             "sender_throughput_bps": rng.uniform(1e8, 9.4e9),
@@ -261,15 +262,14 @@ def run_backend(url: str, base_url: str, n: int, single: int) -> dict[str, Any]:
                 baseline.add_many(batch)
             if number % 20 == 0:
                 progress(f"{archive.url}: {(number + 1) * BATCH} results")
-        report = {"add_many": figure(ours, base, n, "results/s")}
+        report: dict[str, Any] = {"add_many": figure(ours, base, n, "results/s")}
 
-        fresh = others(single, seed=2)
+        # Alternating, so that a busy machine slows both alike.
         ours, base = Stopwatch(), Stopwatch()
-        with ours:
-            for result in fresh:
+        for result in others(single, seed=2):
+            with ours:
                 archive.add(result)
-        with base:
-            for result in fresh:
+            with base:
                 baseline.add(result)
         report["add"] = figure(ours, base, single, "results/s")
 
@@ -294,14 +294,25 @@ def run_backend(url: str, base_url: str, n: int, single: int) -> dict[str, Any]:
                 list(baseline.select(YEAR_TARGET, day, day + timedelta(days=1)))
         report["query_1_day"] = figure(ours, base, len(days), "queries/s")
 
-        ours, base = Stopwatch(), Stopwatch()
-        with tempfile.TemporaryFile("w+") as out:
-            with ours:
-                exported = export(archive, "ping", ping.COLUMNS, "tsv", out, YEAR_TARGET)
-            size = out.tell()
-            with base:
+        # Best of three, alternating.
+        ours_runs, base_runs = [], []
+        for _ in range(3):
+            ours, base = Stopwatch(), Stopwatch()
+            with tempfile.TemporaryFile("w+") as out:
+                with ours:
+                    exported = export(archive, "ping", ping.COLUMNS, "tsv", out, YEAR_TARGET)
+                size = out.tell()
+            with tempfile.TemporaryFile("w+") as out, base:
                 baseline.export_tsv(out, YEAR_START, YEAR_START + timedelta(days=365))
-        report["export_tsv_year"] = {**figure(ours, base, 1, "s"), "rows": exported, "bytes": size}
+            ours_runs.append(ours)
+            base_runs.append(base)
+        best = min(ours_runs, key=lambda watch: watch.seconds)
+        best_base = min(base_runs, key=lambda watch: watch.seconds)
+        report["export_tsv_year"] = {
+            **figure(best, best_base, 1, "s"),
+            "rows": exported,
+            "bytes": size,
+        }
         report["results_stored"] = archive.count()
         return report
     finally:

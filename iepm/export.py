@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Literal, TextIO
 
@@ -41,40 +41,54 @@ TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"
 
 def format_number(value: float) -> str:
     """``value`` with 6 significant digits in plain decimal notation (the integer part is never
-    rounded away): 40.12346, 9412345679, 0.000123457."""
+    rounded away): 40.1235, 9412345679, 0.000123457; empty when not finite."""
+    text = f"{value:.{SIGNIFICANT_DIGITS}g}"
+    if "e" not in text and "n" not in text:  # the common case: no exponent, finite
+        return text
     if not math.isfinite(value):
         return ""
-    if value == 0:
-        return "0"
     magnitude = math.floor(math.log10(abs(value))) + 1
     text = f"{value:.{max(0, SIGNIFICANT_DIGITS - magnitude)}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def format_cell(value: Any) -> str:
+def format_cell(value: Any, text: Callable[[str], str]) -> str:
+    """A cell for any ``data`` value; ``text`` escapes strings for the format."""
+    if isinstance(value, float):
+        return format_number(value)
+    if isinstance(value, str):
+        return text(value)
     if value is None:
         return ""
     if isinstance(value, bool):
         return "1" if value else "0"
-    if isinstance(value, float):
-        return format_number(value)
-    if isinstance(value, int | str):
+    if isinstance(value, int):
         return str(value)
     # A declared column holding a list or object: keep it whole, compact JSON.
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
 
-def row_cells(result: Result, columns: Iterable[Column]) -> list[str]:
-    common = [
+def row_cells(result: Result, columns: Iterable[Column], text: Callable[[str], str]) -> list[str]:
+    cells = [
         format_time(result.started_at),
-        result.monitor,
-        result.target,
-        format_cell(result.target_address),
+        text(result.monitor),
+        text(result.target),
+        format_cell(result.target_address, text),
         result.outcome.value,
         format_number(result.duration_s),
-        format_cell(result.error),
+        format_cell(result.error, text),
     ]
-    return common + [format_cell(result.data.get(column.name)) for column in columns]
+    data = result.data
+    cells += [format_cell(data.get(column.name), text) for column in columns]
+    return cells
+
+
+def escape_tsv(value: str) -> str:
+    return value.translate(TSV_ESCAPES)
+
+
+def verbatim(value: str) -> str:
+    return value
 
 
 def export(
@@ -109,14 +123,13 @@ def export(
         out.writelines(f"# {column.name}: {column.description}\n" for column in every)
         out.write("\t".join(column.name for column in every) + "\n")
         for result in results:
-            cells = (cell.translate(TSV_ESCAPES) for cell in row_cells(result, columns))
-            out.write("\t".join(cells) + "\n")
+            out.write("\t".join(row_cells(result, columns, escape_tsv)) + "\n")
             count += 1
     elif fmt == "csv":
         writer = csv.writer(out)
         writer.writerow(column.name for column in every)
         for result in results:
-            writer.writerow(row_cells(result, columns))
+            writer.writerow(row_cells(result, columns, verbatim))
             count += 1
     else:
         for result in results:

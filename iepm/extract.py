@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from pydantic import ValidationError
+
 from iepm.probes import PROBES
 from iepm.probes.base import ProbeContext, result_from_raw
 from iepm.rawlog import RawLog
@@ -27,7 +29,12 @@ def extract(raw_log: RawLog, archive_url: str, monitor: str | None = None) -> Co
             ctx = ProbeContext(target=logged.target, address="")
             if monitor:
                 ctx.monitor = monitor
-            result = result_from_raw(module, module.Spec(), ctx, logged.raw, None)
+            # The spec the run had (kept in its raw record) reads the output as it was read.
+            try:
+                spec = module.Spec.model_validate(logged.params or {})
+            except ValidationError:
+                spec = module.Spec()
+            result = result_from_raw(module, spec, ctx, logged.raw, None)
             result.target_address = None
             stored_id = archive.upsert_by_token(result)
             counts["added" if stored_id == result.id else "updated"] += 1

@@ -12,6 +12,7 @@ declare -A NEEDED=(
   [tc]=iproute2
   [ps]=procps
   [/usr/lib/postgresql/15/bin/initdb]=postgresql
+  [chromium]=chromium            # browser tests (Playwright drives Debian's chromium)
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

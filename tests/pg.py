@@ -156,7 +156,11 @@ def running_server(
         try:
             log = directory / "server.log"
             start = [*pg_ctl, f"--log={log}", "-w", f"--timeout={int(timeout_s)}", "start"]
-            _run(start, directory, timeout_s + 10)
+            try:
+                _run(start, directory, timeout_s + 10)
+            except RuntimeError as exc:
+                server_log = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+                raise RuntimeError(f"{exc}\nserver log:\n{server_log}") from None
             yield PgServer(directory, port, password)
         finally:
             _stop(pg_ctl, data, directory)
@@ -166,7 +170,7 @@ def running_server(
 
 def _stop(pg_ctl: list[str], data: Path, directory: Path) -> None:
     try:
-        _run([*pg_ctl, "-m", "immediate", "-w", "-t30", "stop"], directory, 40)
+        _run([*pg_ctl, "-m", "immediate", "-w", "--timeout=30", "stop"], directory, 40)
     except (RuntimeError, subprocess.TimeoutExpired):
         # pg_ctl could not stop it: kill the postmaster we started, by the PID it recorded.
         with suppress(OSError, ValueError, IndexError):

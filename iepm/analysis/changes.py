@@ -21,6 +21,8 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,9 +30,10 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 
 # Chosen on the tune half of rtt-changes/ (see benchmarks/changes.py), never on the test half.
-DEFAULT_PENALTY = 10.0
-DEFAULT_BANDWIDTH = 4.0
+DEFAULT_PENALTY = 3.0
+DEFAULT_BANDWIDTH = 12.0
 DEFAULT_MIN_SIZE = 2
+DEFAULT_MIN_CHANGE = 0.006
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ def _bandwidth(y: FloatArray, factor: float) -> float:
     # A floor relative to the level keeps a near-constant series from making every wiggle a step.
     floor = 1e-3 * float(np.median(np.abs(y))) if y.size else 0.0
     h = factor * max(sigma, floor)
-    return h if h > 0 else 1.0
+    # Below this the kernel underflows; callers pass data scaled to magnitudes near 1.
+    return max(h, 1e-9) if math.isfinite(h) else 1.0
 
 
 def kernel_pelt(x: FloatArray, penalty: float, bandwidth: float, min_size: int = 2) -> list[int]:
@@ -118,6 +122,19 @@ def kernel_pelt(x: FloatArray, penalty: float, bandwidth: float, min_size: int =
     return sorted(cps)
 
 
+def _merge_small(x: FloatArray, cps: list[int], min_change: float) -> list[int]:
+    cps = list(cps)
+    while cps and min_change > 0:
+        bounds = [0, *cps, int(x.size)]
+        med = [float(np.median(x[a:b])) for a, b in pairwise(bounds)]
+        rel = [abs(med[i + 1] - med[i]) / max(abs(med[i]), 1e-300) for i in range(len(cps))]
+        j = int(np.argmin(rel))
+        if rel[j] >= min_change:
+            break
+        del cps[j]
+    return cps
+
+
 def _finite(y: Sequence[float] | FloatArray) -> tuple[FloatArray, npt.NDArray[np.int64]]:
     arr = np.asarray(y, dtype=np.float64)
     idx = np.flatnonzero(np.isfinite(arr))
@@ -130,13 +147,22 @@ def segment(
     penalty: float = DEFAULT_PENALTY,
     bandwidth: float = DEFAULT_BANDWIDTH,
     min_size: int = DEFAULT_MIN_SIZE,
+    min_change: float = DEFAULT_MIN_CHANGE,
 ) -> list[ChangePoint]:
     """Offline segmentation of a whole series into segments of stable level and spread.
 
-    ``bandwidth`` is in units of the robust noise scale; ``penalty`` in samples.
+    ``bandwidth`` is in units of the robust noise scale; ``penalty`` in samples. Adjacent
+    segments whose medians differ by less than ``min_change`` (a fraction of the level) are then
+    merged, smallest difference first: on very quiet paths the kernel cost notices shifts of a
+    fraction of a percent that nobody would call a change.
     """
     x, idx = _finite(y)
-    cps = kernel_pelt(x, penalty, _bandwidth(x, bandwidth), min_size)
+    top = float(np.max(np.abs(x))) if x.size else 0.0
+    # Scaling by a power of two is exact and keeps squares of huge values finite.
+    unit = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0
+    with np.errstate(over="ignore", under="ignore"):
+        cps = kernel_pelt(x / unit, penalty, _bandwidth(x / unit, bandwidth), min_size)
+        cps = _merge_small(x / unit, cps, min_change)
     bounds = [0, *cps, int(x.size)]
     out = []
     for a, b, c in zip(bounds, bounds[1:], bounds[2:], strict=False):
@@ -162,16 +188,21 @@ class OnlineDetector:
     consecutive deviant samples on the same side raise an alert; the segment then restarts at
     the first of them. Scale: MAD of the current segment, never below the noise scale of the
     recent history (so a new, short segment is not judged on two or three samples).
+
+    A confirmed run must also be *consistent*: its spread at most ``consistency`` times its
+    distance from the reference (0 turns this off). A burst of noise is scattered; a new level
+    is not. The defaults were chosen on the tune half of rtt-changes/.
     """
 
     def __init__(
         self,
         *,
-        threshold: float = 6.0,
-        confirm: int = 2,
-        min_relative: float = 0.005,
+        threshold: float = 5.0,
+        confirm: int = 3,
+        min_relative: float = 0.01,
         window: int = 50,
         warmup: int = 5,
+        consistency: float = 0.6,
     ) -> None:
         if confirm < 1 or window < 3 or warmup < 2:
             raise ValueError("confirm >= 1, window >= 3 and warmup >= 2 are required")
@@ -180,10 +211,13 @@ class OnlineDetector:
         self.min_relative = min_relative
         self.window = window
         self.warmup = warmup
+        self.consistency = consistency
         self._segment: deque[float] = deque(maxlen=window)
         self._recent: deque[float] = deque(maxlen=4 * window)
         self._pending: list[tuple[int, float]] = []
         self._index = -1
+        self._noise = 0.0
+        self._noise_age = 0
 
     @property
     def pending(self) -> bool:
@@ -193,7 +227,12 @@ class OnlineDetector:
     def _scale(self, med: float) -> float:
         seg = np.fromiter(self._segment, dtype=np.float64)
         mad = 1.4826 * float(np.median(np.abs(seg - med)))
-        recent = noise_scale(np.fromiter(self._recent, dtype=np.float64))
+        # The noise scale of the recent history changes slowly: refresh it every 10 samples.
+        if self._noise_age <= 0:
+            self._noise = noise_scale(np.fromiter(self._recent, dtype=np.float64))
+            self._noise_age = 10
+        self._noise_age -= 1
+        recent = self._noise
         return max(mad, recent, self.min_relative * abs(med) / self.threshold, 1e-12)
 
     def update(self, value: float) -> ChangePoint | None:
@@ -206,8 +245,10 @@ class OnlineDetector:
             self._segment.append(value)
             self._recent.append(value)
             return None
-        med = float(np.median(np.fromiter(self._segment, dtype=np.float64)))
-        dev = (value - med) / self._scale(med)
+        # Overflow on absurd values (±1e308) gives inf, and inf is simply "deviant".
+        with np.errstate(all="ignore"):
+            med = float(np.median(np.fromiter(self._segment, dtype=np.float64)))
+            dev = (value - med) / self._scale(med)
         if abs(dev) > self.threshold:
             sign = 1.0 if dev > 0 else -1.0
             if self._pending and (self._pending[0][1] - med) * sign <= 0:
@@ -217,6 +258,11 @@ class OnlineDetector:
                 start = self._pending[0][0]
                 values = [v for _, v in self._pending]
                 after = float(np.median(values))
+                if self.consistency > 0 and (max(values) - min(values)) > self.consistency * abs(
+                    after - med
+                ):
+                    self._pending.pop(0)  # a burst of noise, not a new level (yet)
+                    return None
                 self._segment.clear()
                 self._segment.extend(values)
                 self._recent.extend(values)
@@ -237,9 +283,10 @@ class OnlineDetector:
         return None
 
 
-def detect_online(y: Iterable[float], **options: float) -> list[ChangePoint]:
-    """Run :class:`OnlineDetector` over a series; the alerts it would have raised, in order."""
-    det = OnlineDetector(**options)  # type: ignore[arg-type]
+def detect_online(y: Iterable[float], **options: Any) -> list[ChangePoint]:
+    """Run :class:`OnlineDetector` (``options`` are its parameters) over a series; the alerts it
+    would have raised, in order."""
+    det = OnlineDetector(**options)
     alerts = []
     for v in y:
         cp = det.update(float(v))

@@ -22,8 +22,11 @@ Better predictors:
   weeks back, and one day back; for diurnal paths. Absent when no such measurement exists.
 
 ``auto`` is the NWS-style ensemble: at every step it uses the predictor with the lowest recent
-error (exponentially weighted mean of the relative error, capped so one near-zero observation
-cannot decide), which may change from step to step.
+error (exponentially weighted mean of the relative error, decay 0.97, capped at 1 so one
+near-zero observation cannot decide), switching only when the gain is at least 10%. The
+``method`` of each forecast names the predictor used. A predictor that cannot forecast yet
+(``lastweek`` without a week of history) falls back to ``median5`` and says so in ``method``.
+Parameters were chosen on the tune half of ../shared/data/ndt/ (see benchmarks/forecast.py).
 
 Intervals for everything but the baselines are conformal: empirical quantiles of the method's
 last relative errors (o − f)/|f|, with the miscoverage level adapted online (Gibbs & Candès'
@@ -33,6 +36,7 @@ adaptive conformal inference) so coverage stays near 80% when the error distribu
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
@@ -154,7 +158,7 @@ class Holt(_Predictor):
             super().update(t, y)
             self.level = y
             return
-        gaps = np.diff(self.t[-20:] + [t])
+        gaps = np.diff([*self.t[-20:], t])
         gaps = gaps[gaps > 0]
         self.spacing = float(np.median(gaps)) if gaps.size else self.spacing
         h = self._steps(t - self.t[-1])
@@ -173,7 +177,7 @@ class LevelShift(_Predictor):
 
     name = "levelshift"
 
-    def __init__(self, k: int = 10) -> None:
+    def __init__(self, k: int = 20) -> None:
         super().__init__()
         self.k = k
         self.detector = OnlineDetector(threshold=4.0, confirm=2, min_relative=0.1)
@@ -242,16 +246,21 @@ class ConformalBand:
     def update(self, f: float, observed: float, floor: float, inside: bool) -> None:
         if len(self.errors) >= self.min_errors:
             self.alpha += self.gamma * (self.target - (0.0 if inside else 1.0))
-        self.errors.append((observed - f) / self.scale(f, floor))
+        # Clipped: one error a million times the forecast says all there is to say.
+        self.errors.append(min(max((observed - f) / self.scale(f, floor), -1e6), 1e6))
 
 
 class _Selector:
     """NWS-style choice: the available predictor with the lowest recent (capped) relative error."""
 
-    def __init__(self, names: Sequence[str], decay: float = 0.9, cap: float = 1.0) -> None:
+    def __init__(
+        self, names: Sequence[str], decay: float = 0.97, cap: float = 1.0, margin: float = 0.1
+    ) -> None:
         self.decay = decay
         self.cap = cap
+        self.margin = margin
         self.score = dict.fromkeys(names, math.nan)
+        self.current: str | None = None
 
     def choose(self, forecasts: dict[str, float | None], default: str) -> str:
         best, best_score = default, math.inf
@@ -259,6 +268,16 @@ class _Selector:
             s = self.score.get(name, math.nan)
             if f is not None and not math.isnan(s) and s < best_score:
                 best, best_score = name, s
+        cur = self.current
+        # Hysteresis: switch only for a clear gain, since recent errors are noisy estimates.
+        if (
+            cur is not None
+            and forecasts.get(cur) is not None
+            and best != cur
+            and not best_score < (1.0 - self.margin) * self.score[cur]
+        ):
+            best = cur
+        self.current = best
         return best
 
     def update(self, forecasts: dict[str, float | None], observed: float, floor: float) -> None:
@@ -270,9 +289,9 @@ class _Selector:
             self.score[name] = err if math.isnan(old) else self.decay * old + (1 - self.decay) * err
 
 
-def _check(t: Sequence[float] | FloatArray, y: Sequence[float] | FloatArray) -> tuple[
-    FloatArray, FloatArray
-]:
+def _check(
+    t: Sequence[float] | FloatArray, y: Sequence[float] | FloatArray
+) -> tuple[FloatArray, FloatArray]:
     ta = np.asarray(t, dtype=np.float64)
     ya = np.asarray(y, dtype=np.float64)
     if ta.shape != ya.shape or ta.ndim != 1:
@@ -298,9 +317,10 @@ def walk_forward_all(
     ta, ya = _check(t, y)
     if coverage <= 0 or coverage >= 1:
         raise AnalysisError("coverage must be between 0 and 1")
-    # Work in units of the largest magnitude: no overflow, and the floors below are relative.
-    unit = float(np.max(np.abs(ya))) if ya.size else 1.0
-    unit = unit if unit > 0 else 1.0
+    # Work in units of (a power of two near) the largest magnitude: no overflow in squares, and
+    # scaling by a power of two is exact, so no forecast depends on a later value by rounding.
+    top = float(np.max(np.abs(ya))) if ya.size else 0.0
+    unit = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0
     yn = ya / unit
     preds = _make_predictors()
     names = [p.name for p in preds]
@@ -314,7 +334,7 @@ def walk_forward_all(
             recent = yn[max(0, i - 5) : i]
             sd = float(np.std(recent, ddof=1)) if recent.size > 1 else 0.0
             # Relative errors need a floor: 1% of the recent level, and never 0.
-            floor = 0.01 * float(np.mean(np.abs(yn[max(0, i - 20) : i]))) + 1e-12
+            floor = 0.01 * float(np.mean(np.abs(yn[max(0, i - 20) : i]))) or 1e-12
             fc: dict[str, float | None] = {p.name: p.predict(float(ta[i])) for p in preds}
             fallback = fc["median5"]
             assert fallback is not None
@@ -343,15 +363,12 @@ def walk_forward_all(
 
 
 def _rescale(f: Forecast, unit: float) -> Forecast:
-    return Forecast(
-        f.index,
-        f.t,
-        f.observed * unit,
-        f.forecast * unit,
-        min(f.lower * unit, f.forecast * unit),
-        max(f.upper * unit, f.forecast * unit),
-        f.method,
-    )
+    # Bounds of a wild series may leave the float range: they saturate at the largest float.
+    big = sys.float_info.max
+    fc = f.forecast * unit
+    lower = max(min(f.lower * unit, fc), -big)
+    upper = min(max(f.upper * unit, fc), big)
+    return Forecast(f.index, f.t, f.observed * unit, fc, lower, upper, f.method)
 
 
 def walk_forward(

@@ -40,7 +40,8 @@ class AnalysisError(IepmError):
 
 @dataclass(frozen=True)
 class Series:
-    """A time series: ``t`` in Unix seconds (UTC), increasing (unless read with ``check_order=False``); ``y`` finite values."""
+    """A time series: ``t`` Unix seconds (UTC), increasing unless read with ``check_order=False``;
+    ``y`` finite values; ``lines`` the file line of each row."""
 
     t: FloatArray
     y: FloatArray
@@ -57,7 +58,11 @@ class Series:
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """ISO 8601 UTC for Unix seconds; the bare number when the year leaves 1–9999."""
+    try:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):
+        return repr(t)
 
 
 def parse_time(text: str) -> float | None:

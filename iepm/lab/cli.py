@@ -52,7 +52,8 @@ def _only_lab(name: str | None) -> str:
 
 
 def _summary(lab: Lab) -> str:
-    lines = [f"lab {lab.name}: up (state {lab.state_file})"]
+    how = "up" if lab.created else "already up, unchanged"
+    lines = [f"lab {lab.name}: {how} (state {lab.state_file})"]
     for node, role in lab.plan.roles.items():
         lines.append(f"  {node:<12} {role:<8} {lab.address(node):<15} netns {lab.netns(node)}")
     for name, link in lab.plan.links.items():

@@ -121,8 +121,9 @@ class Conductor:
             compression = lab.topology.lab.time_compression
             for start, end, rate in segments(flow, compression):
                 await self._sleep_until_lab(start)
-                real_s = (end - start) / compression
-                if rate is not None and rate <= 0.01:
+                # End at the scheduled moment even if this segment started late.
+                real_s = lab.real_time(end) - time.time()
+                if real_s < 0.5 or (rate is not None and rate <= 0.01):
                     continue
                 argv = lab.command(flow.src, client_argv(flow, lab.address(flow.dst), port, rate))
                 self._log({"traffic": name, "lab_s": start, "real_s": real_s, "rate_mbit": rate})

@@ -40,6 +40,7 @@ from iepm.lab import netns as nx
 from iepm.lab.delayline import Params, control, steady_state_loss_percent
 from iepm.lab.topology import (
     EventSpec,
+    LinkInfo,
     Plan,
     Topology,
     as_topology,
@@ -50,7 +51,7 @@ from iepm.lab.topology import (
 from iepm.runner import RawRun, run_command
 
 DEFAULT_STATE_DIR = Path("/run/iepm-lab")
-READY_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 30.0  # many links start at once on a loaded 2-core box
 TUN_QUEUE_LEN = 10_000  # packets the kernel may queue for a delay line that is momentarily busy
 DIR_KEYS = {"both": "both", "a_to_b": "ab", "b_to_a": "ba"}
 
@@ -215,6 +216,12 @@ class Lab:
         topo = validate(state["topology"], f"{sd / name}.json")
         return cls(plan(topo, name), sd)
 
+    @property
+    def created(self) -> bool:
+        """True if this handle built the lab; False if :meth:`up` found it already running
+        (then leaving a ``with`` block does not tear it down)."""
+        return self._owned
+
     def down(self) -> dict[str, Any]:
         """Tear the lab down (see :func:`down`)."""
         return down(self.name, self.state_dir)
@@ -369,9 +376,8 @@ class Lab:
         settings.update(host.sysctl)
         return [f"{k}={v}" for k, v in settings.items()]
 
-    def _start_delay_line(self, link_name: str | Any) -> tuple[subprocess.Popen[bytes], Path]:
+    def _start_delay_line(self, link: LinkInfo) -> tuple[subprocess.Popen[bytes], Path]:
         p = self.plan
-        link = p.links[link_name] if isinstance(link_name, str) else link_name
         spec = {
             "link": link.name,
             "ns_a": p.netns(link.a),

@@ -217,9 +217,9 @@ class LabSection(_Model):
     seed: int = 0
     # Lab seconds per real second: 1440 makes a lab day pass in one real minute.
     time_compression: float = Field(default=1.0, gt=0, le=1_000_000)
-    # Fixed forwarding latency of one delay-line pass on this kind of host (wake-up from idle,
-    # two syscalls), subtracted from each configured delay so measured RTTs match the file.
-    latency_compensation_us: float = Field(default=120.0, ge=0, le=5_000)
+    # Fixed forwarding latency of one delay-line pass (wake-up, two syscalls; 45-90 us measured
+    # on a 2-core VM), subtracted from each configured delay so measured RTTs match the file.
+    latency_compensation_us: float = Field(default=60.0, ge=0, le=5_000)
     # realtime (SCHED_FIFO) keeps delays exact while other work loads the CPUs; high = nice -20.
     delay_line_priority: Literal["realtime", "high", "normal"] = "realtime"
 

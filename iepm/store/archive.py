@@ -12,7 +12,7 @@ upgrades the database to the newest one, serialised between processes that open 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -202,11 +202,7 @@ def _row(result: Result) -> dict[str, Any]:
     return row
 
 
-def _result(row: Mapping[str, Any]) -> Result:
-    return Result.model_validate(dict(row))
-
-
-def _cycle(row: Mapping[str, Any]) -> Cycle:
+def _cycle(row: RowMapping) -> Cycle:
     return Cycle(**row)
 
 
@@ -296,9 +292,10 @@ class Archive:
         limit: int | None = None,
         offset: int = 0,
         order: Order = "asc",
-    ) -> Iterator[Result]:
+    ) -> Generator[Result, None, None]:
         """Results matching every given filter (``since`` inclusive, ``until`` exclusive), by
-        start time then id, streamed from the database in batches."""
+        start time then id, streamed from the database in batches. Closing the generator
+        before the end releases its database connection at once."""
         if order not in ("asc", "desc"):
             raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
         keys = (RESULTS.c.started_at, RESULTS.c.id)
@@ -309,7 +306,7 @@ class Archive:
             .limit(limit)
             .offset(offset or None)
         )
-        return self._stream(query, _result, "cannot read results")
+        return self._stream(query, Result.model_validate, "cannot read results")
 
     def count(
         self,
@@ -344,7 +341,7 @@ class Archive:
         monitor: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> Iterator[Cycle]:
+    ) -> Generator[Cycle, None, None]:
         """Scheduler cycles, oldest first (``since`` inclusive, ``until`` exclusive)."""
         conditions: list[ColumnElement[bool]] = []
         if monitor is not None:
@@ -384,7 +381,7 @@ class Archive:
 
     def _stream(
         self, query: Select[Any], convert: Callable[[RowMapping], T], doing: str
-    ) -> Iterator[T]:
+    ) -> Generator[T, None, None]:
         # Rows come in batches (a server-side cursor on PostgreSQL); the connection is released
         # when the iterator is exhausted, closed or garbage-collected.
         with self._errors(doing), self._engine.connect() as conn:

@@ -126,3 +126,38 @@ def test_validate_names_file_line_and_field(tmp_path: Path) -> None:
     assert f"{path}:5: targets[0].ping.count:" in done.stderr.replace("\n", " ")
     good = REPO / "examples" / "targets.toml"
     assert iepm("validate", str(good)).returncode == 0
+
+
+def test_extract_re_reads_raw_logs_into_the_archive(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/a.db"
+    raw_dir = tmp_path / "raw"
+    done = iepm(
+        "probe",
+        "ping",
+        "127.0.0.1",
+        "--count",
+        "4",
+        "--interval",
+        "0.2",
+        "--discard-first",
+        "1",
+        "--json",
+        "--store",
+        db,
+        "--log-dir",
+        str(raw_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    first = json.loads(done.stdout)
+    # Same archive: the stored result is updated in place (same id), read with the same spec.
+    again = iepm("extract", "--log-dir", str(raw_dir), "--db", db)
+    assert again.returncode == 0, again.stderr
+    assert "1 runs: 1 updated, 0 added" in again.stdout
+    rows = iepm("export", "--probe", "ping", "--db", db, "--format", "json")
+    (stored,) = [json.loads(line) for line in rows.stdout.splitlines()]
+    assert stored["id"] == first["id"]
+    assert stored["data"] == first["data"]
+    assert stored["data"]["discarded"] == 1
+    # A new archive: the run is added.
+    fresh = iepm("extract", "--log-dir", str(raw_dir), "--db", f"sqlite:///{tmp_path}/b.db")
+    assert "1 runs: 0 updated, 1 added" in fresh.stdout

@@ -1,23 +1,9 @@
-"""Helpers for lab tests: unique lab names, ping output parsing, binomial intervals."""
+"""Helpers for lab tests: parsing plain ping output, binomial intervals."""
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
 import re
-from collections.abc import Callable
-
-from iepm.lab import Lab
-
-LabFactory = Callable[..., Lab]
-_counter = itertools.count()
-
-
-def unique_lab_name(prefix: str = "t") -> str:
-    """A lab name no other test process uses (labs of parallel runs must not collide)."""
-    return f"{prefix}{os.getpid()}x{next(_counter)}"
-
 
 _RTT = re.compile(r"time=([\d.]+) ms")
 _STAMPED = re.compile(r"^\[(\d+\.\d+)\].*time=([\d.]+) ms", re.M)

@@ -8,10 +8,11 @@ import statistics
 import time
 
 import pytest
-from labtools import LabFactory, ping_rtts, ping_stamped
+from labtools import ping_rtts, ping_stamped
 
 from iepm.lab import Lab
 from iepm.lab.events import client_argv, segments
+from iepm.lab.testing import LabFactory
 from iepm.lab.topology import TrafficSpec
 
 SWITCH_AT_S = 4.0
@@ -90,7 +91,10 @@ def test_manual_link_events_delay_step_and_down_up(lab_factory: LabFactory) -> N
 
 
 @pytest.mark.lab
-def test_onoff_cross_traffic_loads_the_shared_link(lab_factory: LabFactory) -> None:
+def test_onoff_cross_traffic_fills_the_bottleneck_and_its_queue(lab_factory: LabFactory) -> None:
+    """UDP at 30 Mbit/s into a 20 Mbit/s link: 20 Mbit/s delivered, the 40 ms queue full."""
+    shared = {"name": "shared", "a": "r", "b": "dst", "delay_ms": 5}
+    shared.update(rate_mbit=20, queue_ms=40)
     topo = {
         "lab": {"name": "xt", "time_compression": 10.0},
         "hosts": [
@@ -102,36 +106,45 @@ def test_onoff_cross_traffic_loads_the_shared_link(lab_factory: LabFactory) -> N
         "links": [
             {"a": "mon", "b": "r", "delay_ms": 1},
             {"a": "src", "b": "r", "delay_ms": 1},
-            {"name": "shared", "a": "r", "b": "dst", "delay_ms": 5, "rate_mbit": 20},
+            shared,
         ],
-        # on for 30 lab s (3 s real) after 10 lab s, then off
+        # on from lab 10 s to 50 s (real 1 s to 5 s), then off
         "traffic": [
             {
                 "name": "bulk",
                 "src": "src",
                 "dst": "dst",
                 "protocol": "udp",
-                "rate_mbit": 16,
+                "rate_mbit": 30,
                 "profile": "onoff",
                 "start_s": 10,
-                "on_s": 30,
+                "on_s": 40,
                 "off_s": 1000,
                 "stop_s": 100,
             }
         ],
     }
     lab = lab_factory(topo, prefix="xt")
-    time.sleep(max(0.0, lab.real_time(25) - time.time()))  # middle of the on period
-    s1 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
+    base_rtt = lab.ground_truth("mon", "dst")["rtt_ms"]
+    assert base_rtt == 12
+
+    def delivered() -> int:
+        return int(lab.link_state("shared")["ab"]["stats"]["bytes_delivered"])
+
+    time.sleep(max(0.0, lab.real_time(25) - time.time()))  # well into the on period
+    s1, t1 = delivered(), time.monotonic()
+    ping = lab.exec("mon", ["ping", "-n", "-c", "10", "-i", "0.1", lab.address("dst")], 10)
+    rate_on = (delivered() - s1) * 8 / 1e6 / (time.monotonic() - t1)
+    assert 19 <= rate_on <= 20.5, rate_on
+    queued = statistics.median(ping_rtts(ping.stdout)) - base_rtt
+    print(f"cross traffic: {rate_on:.2f} Mbit/s delivered, queueing delay {queued:.1f} ms")
+    assert 34 <= queued <= 41, queued
+    stats = lab.link_state("shared")["ab"]["stats"]
+    assert stats["queue_drops"] > 0
+    time.sleep(max(0.0, lab.real_time(58) - time.time()))  # off again (0.8 s after)
+    s3 = delivered()
     time.sleep(1.0)
-    s2 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
-    rate_on = (s2 - s1) * 8 / 1e6
-    assert 12 <= rate_on <= 20, rate_on
-    time.sleep(max(0.0, lab.real_time(45) - time.time()))  # off again
-    s3 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
-    time.sleep(1.0)
-    s4 = lab.link_state("shared")["ab"]["stats"]["bytes_delivered"]
-    assert (s4 - s3) * 8 / 1e6 < 0.5
+    assert (delivered() - s3) * 8 / 1e6 < 0.5
 
 
 def test_diurnal_segments_follow_the_day() -> None:

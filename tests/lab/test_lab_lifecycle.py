@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,13 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import LabFactory, ping_rtts, unique_lab_name
+from labtools import ping_rtts
 from typer.testing import CliRunner
 
 from iepm.errors import ConfigError, LabError
 from iepm.lab import Lab, down, netns
 from iepm.lab.cli import lab_app
 from iepm.lab.lab import read_state, state_dir_default
+from iepm.lab.testing import TEST_LAB_NAME, LabFactory, unique_lab_name
+from iepm.lab.topology import LAB_NAME_RE
 
 SMALL = {
     "lab": {"name": "small"},
@@ -111,6 +114,7 @@ def test_up_is_idempotent_and_refuses_to_clobber(lab_factory: LabFactory) -> Non
     name = unique_lab_name("i")
     lab = lab_factory(SMALL, name=name)
     again = Lab.up(SMALL, name=name)  # same topology: attaches, builds nothing
+    assert lab.created and not again.created
     assert again.status()["processes"] == lab.status()["processes"]
     changed = {**SMALL, "links": [SMALL["links"][0], {**SMALL["links"][1], "delay_ms": 9}]}
     with pytest.raises(LabError, match="different topology"):
@@ -156,6 +160,7 @@ def test_cli_up_status_event_exec_down(tmp_path: Path) -> None:
         assert f"netns {name}-mon" in res.output
         res = runner.invoke(lab_app, ["up", str(path)])  # idempotent
         assert res.exit_code == 0, res.output
+        assert "already up, unchanged" in res.output
         res = runner.invoke(lab_app, ["event", name, "link", "link=wan", "delay_ms=20"])
         assert res.exit_code == 0, res.output
         res = runner.invoke(lab_app, ["status", name, "--json"])
@@ -188,3 +193,33 @@ def test_cli_reports_bad_file_with_line(tmp_path: Path) -> None:
     res = CliRunner().invoke(lab_app, ["up", str(path)])
     assert res.exit_code == 2
     assert f"{path}:6: hosts[0].address: 10.1.1.1 is outside the lab range" in res.output
+
+
+def test_unique_test_lab_names_are_valid_and_carry_the_pid() -> None:
+    a, b = unique_lab_name("q"), unique_lab_name("q")
+    assert a != b
+    for name in (a, b):
+        assert re.fullmatch(LAB_NAME_RE, name)
+        m = re.fullmatch(TEST_LAB_NAME, name)
+        assert m and int(m.group(1)) == os.getpid()
+    with pytest.raises(ValueError):
+        unique_lab_name("bad-prefix")
+
+
+@pytest.mark.lab
+def test_same_seed_same_losses(lab_factory: LabFactory) -> None:
+    def lossy(seed: int) -> dict[str, object]:
+        return {
+            "lab": {"name": "seed", "seed": seed},
+            "hosts": [{"name": "a", "role": "monitor"}, {"name": "b"}],
+            "links": [{"a": "a", "b": "b", "delay_ms": 1, "loss_percent": 10}],
+        }
+
+    def replies(lab: Lab) -> str:
+        argv = ["ping", "-n", "-c", "300", "-i", "0.002", "-W", "1", lab.address("b")]
+        out = lab.exec("a", argv, 30).stdout
+        return " ".join(re.findall(r"icmp_seq=(\d+)", out))  # which packets came back
+
+    first, second, other = (lab_factory(lossy(s)) for s in (5, 5, 6))
+    assert replies(first) == replies(second)
+    assert replies(first) != replies(other)

@@ -8,16 +8,17 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import make_url
+from sqlalchemy import QueuePool, make_url
 
 from iepm.errors import StoreError
 from iepm.results import Outcome, Result, new_result_id
 from iepm.store import Archive, Cycle
-from iepm.store.archive import connect_engine
+from iepm.store.archive import Order, connect_engine
 from tests.store import sample
 from tests.store.sample import T0
 
@@ -149,7 +150,7 @@ FILTERS = [
 ]
 
 
-def matches(result: Result, filters: dict[str, object]) -> bool:
+def matches(result: Result, filters: dict[str, Any]) -> bool:
     since = filters.get("since")
     until = filters.get("until")
     return (
@@ -164,7 +165,7 @@ def matches(result: Result, filters: dict[str, object]) -> bool:
 
 
 @pytest.mark.parametrize("filters", FILTERS, ids=lambda filters: ",".join(filters) or "all")
-def test_filters_and_count(archive: Archive, filters: dict[str, object]) -> None:
+def test_filters_and_count(archive: Archive, filters: dict[str, Any]) -> None:
     stored = populate(archive)
     expected = [result.id for result in stored if matches(result, filters)]
     assert [result.id for result in archive.results(**filters)] == expected
@@ -180,7 +181,8 @@ def test_paging_and_order(archive: Archive) -> None:
     ids = [result.id for result in stored]
     assert [result.id for result in archive.results()] == ids
     assert [result.id for result in archive.results(order="desc")] == ids[::-1]
-    for order, expected in (("asc", ids), ("desc", ids[::-1])):
+    orders: list[tuple[Order, list[str]]] = [("asc", ids), ("desc", ids[::-1])]
+    for order, expected in orders:
         pages = [
             [result.id for result in archive.results(limit=7, offset=offset, order=order)]
             for offset in range(0, len(ids), 7)
@@ -303,7 +305,8 @@ def test_results_stream_and_release_their_connection(archive: Archive) -> None:
     archive.add(sample.ping(target="other"))
     assert next(stream).started_at > first.started_at
     stream.close()
-    assert archive._engine.pool.checkedout() == 0
+    pool = archive._engine.pool
+    assert isinstance(pool, QueuePool) and pool.checkedout() == 0
     assert sum(1 for _ in archive.results(target="cern-1")) == 3000
 
 

@@ -19,10 +19,12 @@ WRITER = Path(__file__).with_name("writer.py")
 
 @contextmanager
 def writer(url: str, prefix: str, count: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A child adding ``count`` results (0: until killed); killed by PID if still running."""
+    """A child that will add ``count`` results (0: until killed) once ``go(child)`` is called;
+    killed by PID if still running at the end."""
     with log.open("ab") as stderr:
         child = subprocess.Popen(
             [sys.executable, str(WRITER), url, prefix, str(count)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
@@ -32,8 +34,16 @@ def writer(url: str, prefix: str, count: int, log: Path) -> Iterator[subprocess.
         if child.poll() is None:
             child.kill()
         child.wait(timeout=10)
-        assert child.stdout is not None
-        child.stdout.close()
+        for stream in (child.stdin, child.stdout):
+            assert stream is not None
+            stream.close()
+
+
+def go(*children: subprocess.Popen[bytes]) -> None:
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
 
 
 class Lines:
@@ -63,12 +73,13 @@ class Lines:
 
 def test_two_processes_write_to_one_archive_at_once(archive_url: str, workdir: Path) -> None:
     # The archive does not exist yet: both processes also create it at the same time.
-    count = 150
+    count = 300
     log = workdir / "writers.log"
     with (
         writer(archive_url, "a", count, log) as first,
         writer(archive_url, "b", count, log) as second,
     ):
+        go(first, second)
         reported = [
             line
             for child in (first, second)
@@ -92,6 +103,7 @@ def test_a_kill_9_loses_at_most_the_result_in_flight(archive_url: str, workdir: 
     for round_ in range(4):
         prefix = f"kill{round_}"
         with writer(archive_url, prefix, 0, log) as child:
+            go(child)
             lines = Lines(child)
             lines.read(until=rng.randint(5, 60), timeout_s=60)
             time.sleep(rng.uniform(0, 0.02))  # somewhere inside a later add()

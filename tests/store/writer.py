@@ -2,6 +2,8 @@
 printing each id once its transaction has committed.
 
     python writer.py URL PREFIX COUNT     (COUNT 0: until killed)
+
+It starts (opens the archive) when a line arrives on stdin, so that several start together.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from iepm.store import Archive
 
 def main() -> None:
     url, prefix, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    sys.stdin.readline()
     with Archive.open(url) as archive:
         for n in count() if total == 0 else range(total):
             result = Result(

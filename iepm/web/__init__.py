@@ -1,0 +1,1 @@
+"""Web reports, REST API and Prometheus metrics: ``create_app`` and ``iepm serve``."""

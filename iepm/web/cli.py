@@ -1,0 +1,142 @@
+"""``iepm serve`` and a background server for the demo and the browser tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from iepm.errors import IepmError
+from iepm.scheduler import SchedulerHealth
+
+# Worker processes read the archive URL from here (uvicorn starts them from an import string).
+URL_ENV = "IEPM_SERVE_ARCHIVE"
+# Requests in flight get this long to finish on SIGINT/SIGTERM before connections are closed.
+GRACEFUL_SHUTDOWN_S = 10
+START_TIMEOUT_S = 15.0
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``127.0.0.1:8080``, ``[::1]:8080`` or ``:8080`` (all addresses) → (host, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"--listen: expected ADDR:PORT such as 127.0.0.1:8080, got {text!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port_text)
+
+
+def _config(
+    archive_url: str, host: str, port: int, health: SchedulerHealth | None
+) -> uvicorn.Config:
+    from iepm.web.app import create_app
+
+    return uvicorn.Config(
+        create_app(archive_url, health=health),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # The archive is the only state: no reload, no proxy headers, one process.
+        access_log=False,
+    )
+
+
+@dataclass
+class ServerHandle:
+    """A server running in a thread of this process; ``stop()`` shuts it down gracefully."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    url: str
+
+    def stop(self, timeout_s: float = GRACEFUL_SHUTDOWN_S + 5) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(5)
+
+
+def serve_in_background(
+    archive_url: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    health: SchedulerHealth | None = None,
+) -> ServerHandle:
+    """Serve the dashboard from a thread (the demo does this beside its scheduler, passing the
+    scheduler's ``health`` so /metrics shows its archive write failures). Returns once the
+    server accepts connections; raises IepmError if it could not start."""
+    server = uvicorn.Server(_config(archive_url, host, port, health))
+    # Signals belong to the main program (the demo stops us with stop()).
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, name=f"iepm-web-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            thread.join(5)
+            raise IepmError(f"the web server could not start on {host}:{port}")
+        time.sleep(0.02)
+    shown = f"[{host}]" if ":" in host else host
+    return ServerHandle(server, thread, f"http://{shown}:{port}/")
+
+
+def app_from_env() -> object:
+    """The app of one worker process (``--workers N``): its archive URL is in the environment."""
+    from iepm.web.app import create_app
+
+    return create_app(os.environ[URL_ENV])
+
+
+def serve_command(
+    db: Annotated[str, typer.Option("--db", help="Archive URL (sqlite:///… or postgresql+…).")],
+    listen: Annotated[
+        str, typer.Option("--listen", help="ADDR:PORT to listen on.")
+    ] = "127.0.0.1:8080",
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, max=64, help="Worker processes (one per core).")
+    ] = 1,
+) -> None:
+    """Serve the report pages, the REST API (/api/v1, docs at /docs) and /metrics."""
+    try:
+        host, port = parse_listen(listen)
+        config = _config(db, host, port, None)
+    except (IepmError, ValueError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise typer.Exit(2) from None
+    shown = f"[{host}]" if ":" in host else host
+    sys.stderr.write(f"iepm: serving {db} on http://{shown}:{port}/ (Ctrl-C stops)\n")
+    if workers > 1:
+        # The archive opened above proved the URL; each worker opens its own (pages are
+        # CPU-bound Python: processes, not threads, use more than one core). uvicorn's
+        # supervisor forwards SIGINT/SIGTERM to the workers, which shut down gracefully.
+        os.environ[URL_ENV] = db
+        uvicorn.run(
+            "iepm.web.cli:app_from_env",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="warning",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            access_log=False,
+        )
+        return
+    # uvicorn handles SIGINT/SIGTERM: stop accepting, let requests finish, then exit.
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        sys.stderr.write(f"error: could not listen on {listen}\n")
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``iepm serve`` to the ``iepm`` command."""
+    app.command("serve")(serve_command)

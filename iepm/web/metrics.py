@@ -1,0 +1,121 @@
+"""``/metrics``: the archive's figures in Prometheus exposition format, in base units.
+
+Everything except the in-process scheduler counters is read from the archive, so a separate
+``iepm serve`` process exposes what the monitors wrote. Families:
+
+- ``iepm_<probe>_<figure>_<unit>{monitor,target}``: the latest successful value per path
+  (paths with a result in the last 28 days),
+  e.g. ``iepm_ping_rtt_avg_seconds``, ``iepm_ping_loss_ratio``,
+  ``iepm_iperf3_throughput_bits_per_second``;
+- ``iepm_last_result_timestamp_seconds`` and ``iepm_last_result_success{monitor,target,probe}``;
+- ``iepm_runs_total{monitor,probe,outcome}``, ``iepm_cycles_total`` and
+  ``iepm_cycle_overruns_total{monitor}``;
+- with a scheduler in the same process: ``iepm_archive_write_failures_total`` and
+  ``iepm_spooled_results_total`` (a failed archive write is, by its nature, not in the archive).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from iepm.scheduler import SchedulerHealth
+from iepm.web.queries import METRICS, Queries
+from iepm.web.queries import Metric as IepmMetric
+from iepm.web.views import HISTORY
+
+UNIT_SUFFIX = re.compile(r"_(ms|s|bps|bytes|percent)$")
+
+
+def family_name(metric: IepmMetric) -> str:
+    """``ping.rtt_avg_ms`` → ``iepm_ping_rtt_avg_seconds``; ``throughput_bps`` →
+    ``…_throughput_bits_per_second``; ``loss_percent`` → ``…_loss_ratio``."""
+    stem = UNIT_SUFFIX.sub("", metric.key)
+    unit = f"_{metric.base_unit}" if metric.base_unit else ""
+    return f"iepm_{metric.probe}_{stem}{unit}"
+
+
+class ArchiveCollector(Collector):
+    def __init__(self, queries: Queries, health: SchedulerHealth | None) -> None:
+        self.queries = queries
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        q = self.queries
+        since = datetime.now(UTC) - HISTORY
+        latest = q.cached(("metrics-latest",), lambda: q.latest(since=since))
+        families: dict[str, GaugeMetricFamily] = {}
+        stamp = GaugeMetricFamily(
+            "iepm_last_result_timestamp_seconds",
+            "Start of the newest result per path, Unix time",
+            labels=["monitor", "target", "probe"],
+        )
+        success = GaugeMetricFamily(
+            "iepm_last_result_success",
+            "1 when the newest result per path succeeded, else 0",
+            labels=["monitor", "target", "probe"],
+        )
+        for result in latest:
+            labels = [result.monitor, result.target, result.probe]
+            stamp.add_metric(labels, result.started_at.timestamp())
+            success.add_metric(labels, 1.0 if result.succeeded else 0.0)
+            if not result.succeeded:
+                continue
+            for metric in METRICS.values():
+                value: Any = result.data.get(metric.key)
+                if metric.probe != result.probe or not isinstance(value, int | float):
+                    continue
+                name = family_name(metric)
+                if name not in families:
+                    families[name] = GaugeMetricFamily(
+                        name,
+                        f"Latest successful {metric.name}, in base units",
+                        labels=["monitor", "target"],
+                    )
+                families[name].add_metric(
+                    [result.monitor, result.target], float(value) * metric.to_base
+                )
+        yield from families.values()
+        yield stamp
+        yield success
+        runs = CounterMetricFamily(
+            "iepm_runs", "Runs in the archive by outcome", labels=["monitor", "probe", "outcome"]
+        )
+        # A whole-archive scan: refreshed 10× less often (a counter lagging a few minutes is
+        # fine for rate() over hours).
+        counts = q.cached(("metrics-runs",), q.outcome_counts, scale=10)
+        for monitor, probe, outcome, count in counts:
+            runs.add_metric([monitor, probe, outcome], count)
+        yield runs
+        cycles = CounterMetricFamily("iepm_cycles", "Scheduler cycles", labels=["monitor"])
+        overruns = CounterMetricFamily(
+            "iepm_cycle_overruns", "Cycles longer than their interval", labels=["monitor"]
+        )
+        for monitor, count, overran in q.cached(("metrics-cycles",), q.cycle_counts):
+            cycles.add_metric([monitor], count)
+            overruns.add_metric([monitor], overran)
+        yield cycles
+        yield overruns
+        if self.health is not None:
+            yield CounterMetricFamily(
+                "iepm_archive_write_failures",
+                "Results this monitor could not write to the archive (spooled instead)",
+                value=self.health.archive_write_failures,
+            )
+            yield CounterMetricFamily(
+                "iepm_spooled_results",
+                "Results written to the spool file",
+                value=self.health.spooled_results,
+            )
+
+
+def metrics_text(queries: Queries, health: SchedulerHealth | None) -> tuple[bytes, str]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ArchiveCollector(queries, health))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,117 @@
+// Draw every chart whose spec the server embedded in the page (uPlot, no external resources).
+// Each chart is kept in window.iepmCharts[id] so that tests and people can inspect it.
+(function () {
+  "use strict";
+  const charts = {};
+  window.iepmCharts = charts;
+  const colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
+                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
+
+  // 941000000 -> "941M": axis labels stay short whatever the unit.
+  function si(v) {
+    if (v == null) return "";
+    const a = Math.abs(v);
+    const steps = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+    for (const [s, p] of steps) if (a >= s) return +(v / s).toPrecision(3) + p;
+    return +v.toPrecision(3) + "";
+  }
+
+  function eventLines(events) {
+    return {
+      hooks: {
+        draw: [u => {
+          if (!events.length) return;
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.strokeStyle = "#b00020";
+          ctx.setLineDash([5, 4]);
+          ctx.lineWidth = 1.5;
+          for (const t of events) {
+            const x = Math.round(u.valToPos(t, "x", true));
+            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+            ctx.beginPath();
+            ctx.moveTo(x, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + u.bbox.height);
+            ctx.stroke();
+          }
+          ctx.restore();
+        }],
+      },
+    };
+  }
+
+  function build(spec, el) {
+    const time = spec.kind === "time";
+    const series = [{ label: time ? "time (UTC)" : spec.xLabel,
+                      value: time ? (u, v) => v == null ? "–" : new Date(v * 1000).toISOString().slice(0, 16).replace("T", " ") : undefined }];
+    const axes = [{ label: spec.xLabel, stroke: "#333",
+                     values: time ? undefined : (u, vals) => vals.map(si) }];
+    const scatterPlot = spec.kind === "scatter";
+    // A fit through the origin is only judged by eye when the origin is on the plot.
+    const fromZero = (u, min, max) => [0, max > 0 ? max * 1.05 : 1];
+    const scales = { x: scatterPlot ? { time: false, range: fromZero } : { time: time } };
+    const seen = {};
+    spec.series.forEach((s, i) => {
+      const axis = s.axis || 1;
+      const scale = axis === 1 ? "y" : "y" + axis;
+      const scatter = spec.kind === "scatter" && i === 0;
+      const few = spec.x.length < 80;
+      const one = {
+        label: s.label,
+        scale: scale,
+        stroke: colors[i % colors.length],
+        width: scatter ? 0 : 1.5,
+        // Time-of-day profiles join the hours that have data; time series show their gaps.
+        spanGaps: spec.kind === "line",
+        points: { show: scatter || few || spec.kind === "time", size: scatter ? 6 : 4,
+                  fill: colors[i % colors.length] },
+      };
+      if (scatter) one.paths = () => null;
+      if (spec.kind === "bars") {
+        one.paths = uPlot.paths.bars({ size: [0.9, 80] });
+        one.fill = colors[i % colors.length] + "99";
+        one.points = { show: false };
+      }
+      if (spec.kind === "time" && !few) one.points = { show: false };
+      if (axis !== 1) one.dash = [6, 3];
+      series.push(one);
+      if (!seen[scale]) {
+        seen[scale] = true;
+        scales[scale] = scatterPlot ? { range: fromZero } : {};
+        axes.push({ scale: scale, label: axis === 1 ? "" : s.label, side: axis === 1 ? 3 : 1,
+                    grid: { show: axis === 1 }, stroke: axis === 1 ? "#333" : colors[i % colors.length],
+                    values: (u, vals) => vals.map(si), size: 60 });
+      }
+    });
+    const opts = {
+      width: Math.max(320, el.clientWidth || 900),
+      height: 260,
+      series: series,
+      axes: axes,
+      scales: scales,
+      cursor: { drag: { x: true, y: false, setScale: true } },
+      plugins: [eventLines(spec.events || [])],
+    };
+    const data = [spec.x, ...spec.series.map(s => s.values)];
+    const u = new uPlot(opts, data, el);
+    charts[spec.id] = u;
+    return u;
+  }
+
+  document.querySelectorAll("script.chart-spec").forEach(node => {
+    const spec = JSON.parse(node.textContent);
+    const el = document.getElementById(node.dataset.target);
+    try {
+      build(spec, el);
+    } catch (err) {
+      el.textContent = "chart failed: " + err;
+    }
+  });
+  window.addEventListener("resize", () => {
+    for (const id in charts) {
+      const u = charts[id];
+      const w = Math.max(320, u.root.parentElement.clientWidth);
+      if (Math.abs(w - u.width) > 20) u.setSize({ width: w, height: u.height });
+    }
+  });
+})();

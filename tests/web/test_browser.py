@@ -1,0 +1,192 @@
+"""The pages in Debian's chromium (Playwright): they load, their charts draw the right number of
+series on a non-empty canvas, zoom works, downloads are the tables the server computes.
+Screenshots go to tests/web/screenshots/ (a CI artifact, not committed)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from iepm.results import format_time
+from iepm.web.cli import ServerHandle, serve_in_background
+from tests.helpers import free_port
+from tests.web import data
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = Path(__file__).parent / "screenshots"
+END = format_time(data.END)
+
+# Counts the painted pixels of a chart's canvas (uPlot draws everything on one canvas).
+PAINTED = """id => {
+  const c = document.querySelector('#chart-' + id + ' canvas');
+  const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 3; i < px.length; i += 4) if (px[i] !== 0) n++;
+  return n;
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(archive_url: str) -> Iterator[str]:
+    handle: ServerHandle = serve_in_background(archive_url, "127.0.0.1", free_port())
+    try:
+        yield handle.url.rstrip("/")
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing (Debian: apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests must run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(accept_downloads=True, viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    # Offline by design: any request to another host is a bug.
+    page.route(
+        "**/*",
+        lambda route: (
+            route.continue_() if route.request.url.startswith("http://127.0.0.1") else route.abort()
+        ),
+    )
+    yield page
+    context.close()
+    assert not errors, errors
+
+
+def shoot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def series_count(page: Any, chart: str) -> int:
+    return int(page.evaluate(f"window.iepmCharts[{chart!r}].series.length - 1"))
+
+
+def test_overview(page: Any, server: str) -> None:
+    page.goto(f"{server}/?until={END}")
+    grid = page.locator("#grid")
+    assert grid.is_visible()
+    # 4 paths, each with throughput, RTT and loss chips.
+    assert page.locator("#grid a.chip").count() == 12
+    assert (
+        page.locator(
+            "#grid a.chip.failed, #grid a.chip.good, #grid a.chip.fair, #grid a.chip.poor"
+        ).count()
+        == 12
+    )
+    assert page.locator("#table-outcomes td").count() > 0
+    shoot(page, "overview")
+
+
+def test_target_page_charts_and_zoom(page: Any, server: str) -> None:
+    page.goto(f"{server}/targets/cern-1?until={END}")
+    page.wait_for_function("window.iepmCharts && window.iepmCharts.rtt")
+    expected = {
+        "rtt": 3,
+        "loss": 1,
+        "throughput": 3,
+        "hops": 1,
+        "histogram": 1,
+        "cdf": 1,
+        "longterm": 2,
+    }
+    for chart, n in expected.items():
+        assert series_count(page, chart) == n, chart
+        assert page.evaluate(PAINTED, chart) > 1000, f"{chart} canvas is empty"
+    # The route change is drawn as an event line on the time series.
+    assert (
+        page.evaluate(
+            "JSON.parse(document.querySelector('#fig-rtt script').textContent).events.length"
+        )
+        == 1
+    )
+    shoot(page, "target")
+    before = page.evaluate(
+        "[window.iepmCharts.rtt.scales.x.min, window.iepmCharts.rtt.scales.x.max]"
+    )
+    over = page.locator("#chart-rtt .u-over").bounding_box()
+    y = over["y"] + over["height"] / 2
+    page.mouse.move(over["x"] + over["width"] * 0.3, y)
+    page.mouse.down()
+    page.mouse.move(over["x"] + over["width"] * 0.5, y, steps=8)
+    page.mouse.up()
+    after = page.evaluate(
+        "[window.iepmCharts.rtt.scales.x.min, window.iepmCharts.rtt.scales.x.max]"
+    )
+    assert before[0] < after[0] < after[1] < before[1]
+    assert (after[1] - after[0]) < 0.3 * (before[1] - before[0])
+    shoot(page, "target-zoomed")
+
+
+def test_csv_download(page: Any, server: str, tmp_path: Path) -> None:
+    page.goto(f"{server}/targets/cern-1?until={END}")
+    with page.expect_download() as info:
+        page.locator('#table-stats a.dl[data-format="csv"]').click()
+    download = info.value
+    path = tmp_path / download.suggested_filename
+    download.save_as(path)
+    assert download.suggested_filename == "cern-1-stats.csv"
+    saved = path.read_bytes().decode("utf-8")
+    served = httpx.get(f"{server}/targets/cern-1/tables/stats?format=csv&until={END}", timeout=10)
+    assert saved == served.text  # RFC 4180: CRLF line ends, byte for byte
+    rows = list(csv.DictReader(io.StringIO(saved)))
+    assert [r["metric"] for r in rows][:2] == ["ping.rtt_min_ms", "ping.rtt_avg_ms"]
+    # The page shows the same numbers as the file.
+    cells = page.locator("#table-stats tbody tr").first.locator("td").all_inner_texts()
+    assert cells == list(rows[0].values())
+
+
+def test_compare_page(page: Any, server: str) -> None:
+    page.goto(f"{server}/compare?x=ping.rtt_avg_ms&y=iperf3.throughput_bps&until={END}")
+    page.wait_for_function("window.iepmCharts && window.iepmCharts.scatter")
+    assert series_count(page, "scatter") == 2  # the points and the fit
+    assert page.evaluate(PAINTED, "scatter") > 500
+    assert "R² =" in page.locator("#note-scatter").inner_text()
+    shoot(page, "compare")
+
+
+@pytest.mark.parametrize(("view", "series"), [("weekday", 7), ("monthly", 3), ("daily", 1)])
+def test_aggregation_views(page: Any, server: str, view: str, series: int) -> None:
+    page.goto(f"{server}/aggregate/bnl-2?view={view}&monitor=slac-mon&until={END}")
+    page.wait_for_function("window.iepmCharts && window.iepmCharts.agg")
+    assert series_count(page, "agg") == series
+    assert page.evaluate(PAINTED, "agg") > 500
+    shoot(page, f"aggregate-{view}")

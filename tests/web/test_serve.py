@@ -1,0 +1,168 @@
+"""`iepm serve` wiring: the background server starts and stops cleanly, the command refuses
+bad options with a message, and an empty archive serves every page."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+import typer
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from iepm.web.app import create_app
+from iepm.web.cli import parse_listen, register, serve_in_background
+from tests.helpers import free_port
+
+
+def test_background_server_starts_and_stops(archive_url: str) -> None:
+    port = free_port()
+    handle = serve_in_background(archive_url, "127.0.0.1", port)
+    try:
+        assert handle.url == f"http://127.0.0.1:{port}/"
+        assert httpx.get(f"{handle.url}api/v1/health", timeout=5).json()["status"] == "ok"
+        assert httpx.get(f"{handle.url}static/uPlot.iife.min.js", timeout=5).status_code == 200
+    finally:
+        handle.stop()
+    assert not handle.thread.is_alive()
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:8080", ("127.0.0.1", 8080)),
+        ("[::1]:9000", ("::1", 9000)),
+        (":8080", ("0.0.0.0", 8080)),
+    ],
+)
+def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+def test_serve_command_rejects_bad_options(tmp_path: Path) -> None:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """iepm"""
+
+    register(app)
+    runner = CliRunner()
+    bad_listen = runner.invoke(
+        app, ["serve", "--db", f"sqlite:///{tmp_path}/a.db", "--listen", "localhost"]
+    )
+    assert bad_listen.exit_code == 2
+    assert "expected ADDR:PORT" in bad_listen.output
+    bad_db = runner.invoke(app, ["serve", "--db", "mysql://x/y", "--listen", "127.0.0.1:1"])
+    assert bad_db.exit_code == 2
+    assert "unsupported database" in bad_db.output
+
+
+def test_empty_archive_serves_every_page(tmp_path: Path) -> None:
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'empty.db'}")) as client:
+        for url in [
+            "/",
+            "/compare",
+            "/api/v1/targets",
+            "/api/v1/latest",
+            "/metrics",
+            "/api/v1/results",
+            "/tables/paths?format=tsv",
+        ]:
+            response = client.get(url)
+            assert response.status_code == 200, (url, response.text)
+        assert "No ping or iperf3 results" in client.get("/").text
+        assert client.get("/api/v1/results").json() == {
+            "total": 0,
+            "limit": 100,
+            "offset": 0,
+            "results": [],
+        }
+
+
+def test_cache_computes_once_for_simultaneous_requests(archive_url: str) -> None:
+    import threading
+    import time
+
+    from iepm.web.queries import Queries
+
+    queries = Queries(archive_url, cache_ttl_s=60)
+    calls: list[int] = []
+
+    def slow() -> int:
+        calls.append(1)
+        time.sleep(0.2)
+        return 42
+
+    try:
+        threads = [threading.Thread(target=queries.cached, args=(("k",), slow)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert calls == [1]
+        assert queries.cached(("k",), slow) == 42 and calls == [1]
+    finally:
+        queries.close()
+
+
+SERVE = """
+import sys, typer
+from iepm.web.cli import register
+app = typer.Typer()
+app.callback()(lambda: None)
+register(app)
+app(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_command_serves_and_stops_on_sigterm(archive_url: str, workers: int) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    argv = [
+        "serve",
+        "--db",
+        archive_url,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE, *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).is_success:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.1)
+        assert httpx.get(f"http://127.0.0.1:{port}/targets/cern-1", timeout=10).is_success
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal it caught (one worker) or
+        # exits 0 (the supervisor of several).
+        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
+        assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
