@@ -476,15 +476,18 @@ def version_cmd() -> None:
     console.print(f"iepm {__version__}")
 
 
-def _mount_optional_apps() -> None:
-    try:
-        from iepm.lab.cli import lab_app
-    except ImportError:
-        return
+def _mount_subcommands() -> None:
+    # Each layer owns its commands; these imports are light (heavy ones happen inside commands).
+    from iepm.analysis.cli import register as register_analysis
+    from iepm.lab.cli import lab_app
+    from iepm.web.cli import register as register_web
+
     app.add_typer(lab_app, name="lab")
+    register_analysis(app)
+    register_web(app)
 
 
-_mount_optional_apps()
+_mount_subcommands()
 
 
 def main() -> None:

@@ -362,6 +362,26 @@ class Archive:
                 return "ok"
             return "\n".join(conn.exec_driver_sql("PRAGMA integrity_check").scalars())
 
+    # -- for modules that own other tables (alerts, studies, tuned parameters) ---------------
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine, for reads of the tables in ``iepm.store.schema``."""
+        return self._engine
+
+    @contextmanager
+    def writing(self, doing: str) -> Iterator[Connection]:
+        """One write transaction (serialised with every other writer on SQLite), committed when
+        the block ends; database errors become a ``StoreError`` that starts with ``doing``."""
+        with self._writing(doing) as conn:
+            yield conn
+
+    @contextmanager
+    def reading(self, doing: str) -> Iterator[Connection]:
+        """A connection for reads; database errors become a ``StoreError``."""
+        with self._errors(doing), self._engine.connect() as conn:
+            yield conn
+
     # -- plumbing --------------------------------------------------------------------------
 
     @contextmanager

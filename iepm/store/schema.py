@@ -103,3 +103,57 @@ cycles = Table(
     Column("n_failed", Integer, nullable=False),
     Index(None, "monitor", "started_at"),
 )
+
+# A step change found in a path's series, with what else changed at that moment (``cause`` is
+# route, host, tuning or unknown; ``details`` holds the evidence) and its webhook delivery state.
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("monitor", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("probe", Text, nullable=False),
+    Column("metric", Text, nullable=False),
+    Column("detected_at", UtcDateTime, nullable=False),
+    Column("change_at", UtcDateTime, nullable=False),
+    Column("direction", Text, nullable=False),
+    Column("before", Float),
+    Column("after", Float),
+    Column("change_percent", Float),
+    Column("cause", Text, nullable=False),
+    Column("details", JSON, nullable=False),
+    Column("delivered_at", UtcDateTime),
+    Column("delivery_attempts", Integer, nullable=False),
+    Index(None, "target", "detected_at"),
+    Index(None, "detected_at"),
+)
+
+# A tuning, duration or impact study: every point measured (``data``), what it concluded
+# (``summary``), and whether it was interrupted (``partial``).
+studies = Table(
+    "studies",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("monitor", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime),
+    Column("partial", Boolean, nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("summary", JSON, nullable=False),
+    Index(None, "target", "kind", "started_at"),
+)
+
+# The parameters the scheduler uses for a probe on a path, and the study that chose them.
+tuned_params = Table(
+    "tuned_params",
+    metadata,
+    Column("monitor", Text, primary_key=True),
+    Column("target", Text, primary_key=True),
+    Column("probe", Text, primary_key=True),
+    Column("params", JSON, nullable=False),
+    Column("study_id", Text),
+    Column("set_at", UtcDateTime, nullable=False),
+)
