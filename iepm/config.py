@@ -49,6 +49,8 @@ class TargetConfig(StrictModel):
     # If ping is expected to work and fails, heavy probes are skipped (the seeds' sanity rule).
     ping_expected: bool = True
     mode: Literal["plain"] = "plain"
+    # Use the parameters `iepm tune` stored for this path (a target's own settings still win).
+    use_tuned: bool = True
     # Per-probe parameters, e.g. [targets.iperf3] streams = 4; validated against each Spec.
     ping: dict[str, Any] = Field(default_factory=dict)
     traceroute: dict[str, Any] = Field(default_factory=dict)
@@ -119,9 +121,12 @@ class Config(StrictModel):
     def target_names(self) -> list[str]:
         return [t.name for t in self.targets]
 
-    def spec_for(self, target: TargetConfig, probe: str) -> ProbeSpec:
-        """The validated spec of one probe for one target: defaults, then the target's own."""
-        merged = {**self.defaults.get(probe, {}), **getattr(target, probe)}
+    def spec_for(
+        self, target: TargetConfig, probe: str, tuned: dict[str, Any] | None = None
+    ) -> ProbeSpec:
+        """The validated spec of one probe for one target: defaults, then ``tuned`` (what a
+        study chose for the path), then the target's own settings."""
+        merged = {**self.defaults.get(probe, {}), **(tuned or {}), **getattr(target, probe)}
         spec: ProbeSpec = PROBES[probe].Spec.model_validate(merged)
         return spec
 

@@ -27,13 +27,16 @@ from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 
+from pydantic import ValidationError
+
 from iepm.config import Config, TargetConfig
 from iepm.errors import StoreError
 from iepm.probes import PROBES
-from iepm.probes.base import ProbeContext, failed_result, skipped_result
+from iepm.probes.base import ProbeContext, ProbeSpec, failed_result, skipped_result
 from iepm.rawlog import RawLog
 from iepm.results import Outcome, Result, utcnow
 from iepm.store import Archive, Cycle
+from iepm.tuned import load_tuned
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +142,25 @@ class Scheduler:
             netns=self.config.monitor.netns,
         )
 
+    def _spec(self, target: TargetConfig, probe: str) -> ProbeSpec:
+        tuned: dict[str, object] = {}
+        if target.use_tuned:
+            try:
+                tuned = load_tuned(
+                    self.archive, monitor=self.config.monitor.name, target=target.name, probe=probe
+                )
+            except StoreError as exc:
+                log.warning("using untuned %s parameters for %s: %s", probe, target.name, exc)
+        try:
+            return self.config.spec_for(target, probe, tuned)
+        except ValidationError as exc:
+            # A stored choice that no longer validates (e.g. after an upgrade) must not stop
+            # the path being measured.
+            log.warning("ignoring tuned %s parameters for %s: %s", probe, target.name, exc)
+            return self.config.spec_for(target, probe)
+
     async def _run_probe(self, module: ModuleType, target: TargetConfig) -> Result:
-        spec = self.config.spec_for(target, module.NAME)
+        spec = self._spec(target, module.NAME)
         ctx = self._context(target)
         try:
             result: Result = await asyncio.wait_for(
@@ -171,7 +191,7 @@ class Scheduler:
             )
         for module in exclusive:
             if skip_reason:
-                spec = self.config.spec_for(target, module.NAME)
+                spec = self._spec(target, module.NAME)
                 result = skipped_result(module, spec, self._context(target), skip_reason)
                 self._store(result)
                 results.append(result)

@@ -200,17 +200,17 @@ connect_timeout_ms = 1000
 def test_an_overrun_is_recorded_and_the_next_cycle_starts_late_not_overlapping(
     tmp_path: Path,
 ) -> None:
-    # Each ping may run 12 s (its deadline), so 12.5 s is a valid interval; nine targets of
-    # 1.4 s each make a 12.6 s cycle: an overrun.
+    # Each ping may run 13 s (its deadline), so 13.5 s is a valid interval; ten targets of
+    # 1.4 s each make a 14 s cycle: an overrun.
     targets = "".join(
         f'\n[[targets]]\nname = "t{i}"\naddress = "127.0.0.{i + 1}"\nprobes = ["ping"]\n'
-        for i in range(9)
+        for i in range(10)
     )
     config = load_config_text(
         f"""
 [monitor]
 name = "test-mon"
-cycle_interval_s = 12.5
+cycle_interval_s = 13.5
 archive = "sqlite:///{tmp_path}/archive.db"
 log_dir = "{tmp_path}/raw"
 [defaults.ping]
@@ -222,10 +222,10 @@ interval_s = 1.4
         scheduler = Scheduler(config, archive)
         first, second = asyncio.run(scheduler.run(cycles=2))
         cycles = archive.cycles()
-    assert first.overran and first.duration_s > 12.5
+    assert first.overran and first.duration_s > 13.5
     assert scheduler.health.cycle_overruns >= 1
     assert first.finished_at is not None
     gap = (second.started_at - first.finished_at).total_seconds()
     assert 0 <= gap < 1.0  # late, at once, and never overlapping
     assert [c.overran for c in cycles][:1] == [True]
-    assert all(c.n_results == 9 for c in cycles)
+    assert all(c.n_results == 10 for c in cycles)
