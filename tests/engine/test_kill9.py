@@ -18,14 +18,14 @@ from tests.helpers import iperf3_server
 RESULT_LINE = re.compile(r"^\S+ (\S+) (\S+) (ok|failed|timeout|skipped): .* \[([0-9a-f]{32})\]$")
 
 
-def write_config(tmp_path: Path, port: int) -> Path:
+def write_config(tmp_path: Path, archive_url: str, port: int) -> Path:
     path = tmp_path / "targets.toml"
     path.write_text(
         f"""
 [monitor]
 name = "kill9-mon"
 cycle_interval_s = 60
-archive = "sqlite:///{tmp_path}/archive.db"
+archive = "{archive_url}"
 log_dir = "{tmp_path}/raw"
 
 [defaults.ping]
@@ -54,9 +54,9 @@ def iepm(*args: str) -> list[str]:
     return [sys.executable, "-m", "iepm.cli", *args]
 
 
-def test_kill_9_mid_cycle_then_restart(tmp_path: Path) -> None:
+def test_kill_9_mid_cycle_then_restart(tmp_path: Path, archive_url: str) -> None:
     with iperf3_server("127.0.0.1") as port:
-        config = write_config(tmp_path, port)
+        config = write_config(tmp_path, archive_url, port)
         proc = subprocess.Popen(
             iepm("run", "--config", str(config), "--cycles", "3", "--no-live"),
             stdout=subprocess.PIPE,
@@ -90,7 +90,7 @@ def test_kill_9_mid_cycle_then_restart(tmp_path: Path) -> None:
         _, alive = psutil.wait_procs(tools, timeout=5)
         assert not alive, f"orphaned tools: {[p.pid for p in alive]}"
 
-        with Archive.open(f"sqlite:///{tmp_path}/archive.db") as archive:
+        with Archive.open(archive_url) as archive:
             assert archive.integrity_check() == "ok"
             stored = {r.id for r in archive.results()}
             assert finished <= stored
@@ -103,6 +103,6 @@ def test_kill_9_mid_cycle_then_restart(tmp_path: Path) -> None:
             timeout=120,
         )
         assert again.returncode == 0, again.stderr
-        with Archive.open(f"sqlite:///{tmp_path}/archive.db") as archive:
+        with Archive.open(archive_url) as archive:
             assert archive.integrity_check() == "ok"
             assert archive.count() >= len(stored) + 4

@@ -18,12 +18,14 @@ from iepm.store import Archive
 from tests.helpers import blackhole_netns, iperf3_server, is_root
 
 
-def config_text(tmp_path: Path, port: int, extra: str = "", interval: float = 300) -> str:
+def config_text(
+    tmp_path: Path, archive_url: str, port: int, extra: str = "", interval: float = 300
+) -> str:
     return f"""
 [monitor]
 name = "test-mon"
 cycle_interval_s = {interval}
-archive = "sqlite:///{tmp_path}/archive.db"
+archive = "{archive_url}"
 log_dir = "{tmp_path}/raw"
 
 [defaults.ping]
@@ -52,9 +54,9 @@ port = {port}
 """
 
 
-def test_a_cycle_measures_stores_and_logs_every_probe(tmp_path: Path) -> None:
+def test_a_cycle_measures_stores_and_logs_every_probe(tmp_path: Path, archive_url: str) -> None:
     with iperf3_server("127.0.0.1") as port:
-        config = load_config_text(config_text(tmp_path, port))
+        config = load_config_text(config_text(tmp_path, archive_url, port))
         seen: list[Result] = []
         with Archive.open(config.monitor.archive) as archive:
             scheduler = Scheduler(config, archive, on_result=seen.append, rng=random.Random(1))
@@ -79,14 +81,14 @@ def test_a_cycle_measures_stores_and_logs_every_probe(tmp_path: Path) -> None:
     assert scheduler.health.runs_by_outcome["ok"] == 5
 
 
-def test_bandwidth_tests_never_overlap(tmp_path: Path) -> None:
+def test_bandwidth_tests_never_overlap(tmp_path: Path, archive_url: str) -> None:
     extra = """
 [[targets]]
 name = "up-too"
 address = "127.0.0.1"
 """
     with iperf3_server("127.0.0.1") as port:
-        text = config_text(tmp_path, port, extra).replace(
+        text = config_text(tmp_path, archive_url, port, extra).replace(
             'name = "up-too"\naddress = "127.0.0.1"',
             f'name = "up-too"\naddress = "127.0.0.1"\n[targets.iperf3]\nport = {port}',
         )
@@ -103,13 +105,15 @@ address = "127.0.0.1"
         assert start >= end - 0.01
 
 
-def test_order_is_randomised_per_cycle(tmp_path: Path) -> None:
+def test_order_is_randomised_per_cycle(tmp_path: Path, archive_url: str) -> None:
     extra = "".join(
         f'\n[[targets]]\nname = "t{i}"\naddress = "127.0.0.{i + 10}"\nprobes = ["ping"]\n'
         for i in range(5)
     )
     config = load_config_text(
-        config_text(tmp_path, 9, extra).replace("count = 3\ninterval_s = 0.2", "count = 1")
+        config_text(tmp_path, archive_url, 9, extra).replace(
+            "count = 3\ninterval_s = 0.2", "count = 1"
+        )
     )
     config.targets = config.targets[2:]
     with Archive.open(config.monitor.archive) as archive:
@@ -135,8 +139,10 @@ class FlakyArchive:
         return getattr(self.archive, name)
 
 
-def test_results_are_spooled_when_the_archive_fails_and_written_later(tmp_path: Path) -> None:
-    config = load_config_text(config_text(tmp_path, 9).replace("probes", "x"))
+def test_results_are_spooled_when_the_archive_fails_and_written_later(
+    tmp_path: Path, archive_url: str
+) -> None:
+    config = load_config_text(config_text(tmp_path, archive_url, 9).replace("probes", "x"))
     for target in config.targets:
         target.probes = ["ping"]
     with Archive.open(config.monitor.archive) as archive:
@@ -155,13 +161,15 @@ def test_results_are_spooled_when_the_archive_fails_and_written_later(tmp_path: 
 
 @pytest.mark.lab
 @pytest.mark.skipif(not is_root(), reason="needs root to create a network namespace")
-def test_failed_ping_skips_heavy_probes_when_ping_is_expected(tmp_path: Path) -> None:
+def test_failed_ping_skips_heavy_probes_when_ping_is_expected(
+    tmp_path: Path, archive_url: str
+) -> None:
     with blackhole_netns() as (netns, dead):
         text = f"""
 [monitor]
 name = "test-mon"
 cycle_interval_s = 300
-archive = "sqlite:///{tmp_path}/archive.db"
+archive = "{archive_url}"
 log_dir = "{tmp_path}/raw"
 netns = "{netns}"
 
@@ -198,7 +206,7 @@ connect_timeout_ms = 1000
 
 
 def test_an_overrun_is_recorded_and_the_next_cycle_starts_late_not_overlapping(
-    tmp_path: Path,
+    tmp_path: Path, archive_url: str
 ) -> None:
     # Each ping may run 13 s (its deadline), so 13.5 s is a valid interval; ten targets of
     # 1.4 s each make a 14 s cycle: an overrun.
@@ -211,7 +219,7 @@ def test_an_overrun_is_recorded_and_the_next_cycle_starts_late_not_overlapping(
 [monitor]
 name = "test-mon"
 cycle_interval_s = 13.5
-archive = "sqlite:///{tmp_path}/archive.db"
+archive = "{archive_url}"
 log_dir = "{tmp_path}/raw"
 [defaults.ping]
 count = 2

@@ -13,8 +13,8 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from iepm.results import Outcome, Result, new_result_id
-from iepm.store import Archive, Cycle
+from iepm.results import Outcome, Result, format_time, new_result_id
+from iepm.store import Archive, Cycle, schema
 
 END = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 STEP = timedelta(minutes=90)
@@ -170,9 +170,104 @@ def cycles(end: datetime = END) -> list[Cycle]:
     return out
 
 
+def alerts(end: datetime = END) -> list[dict[str, Any]]:
+    """Rows of the ``alerts`` table as the analysis layer writes them: the route change on
+    cern-1 (RTT up), and two throughput drops on kek-3 (one 40 days ago: outside 28 days)."""
+
+    def alert(n: int, target: str, metric: str, when: datetime, cause: str, **kw: Any) -> dict:
+        return {
+            "id": f"alert-{n}",
+            "monitor": "slac-mon",
+            "target": target,
+            "probe": metric.split(".")[0],
+            "metric": metric,
+            "detected_at": when + timedelta(hours=3),
+            "change_at": when,
+            "delivered_at": None,
+            "delivery_attempts": 0,
+            **kw,
+            "cause": cause,
+        }
+
+    return [
+        alert(
+            1,
+            "cern-1",
+            "ping.rtt_avg_ms",
+            ROUTE_CHANGE,
+            "route",
+            direction="up",
+            before=151.0,
+            after=163.5,
+            change_percent=8.3,
+            details={"route_changed_at": format_time(ROUTE_CHANGE), "hops_added": 1},
+        ),
+        alert(
+            2,
+            "kek-3",
+            "iperf3.throughput_bps",
+            end - timedelta(days=4),
+            "unknown",
+            direction="down",
+            before=120e6,
+            after=80e6,
+            change_percent=-33.3,
+            details={},
+        ),
+        alert(
+            3,
+            "kek-3",
+            "iperf3.throughput_bps",
+            end - timedelta(days=40),
+            "host",
+            direction="down",
+            before=130e6,
+            after=90e6,
+            change_percent=-30.8,
+            details={"cpu_mhz": [2445.4, 1200.0]},
+        ),
+    ]
+
+
+def studies(end: datetime = END) -> list[dict[str, Any]]:
+    """One finished window × streams study of cern-1 and an interrupted one."""
+    points = [
+        {"window": w, "streams": s, "throughput_bps": 1e8 * s} for w in ("1M", "4M") for s in (1, 4)
+    ]
+    return [
+        {
+            "id": "study-1",
+            "kind": "tuning",
+            "monitor": "slac-mon",
+            "target": "cern-1",
+            "started_at": end - timedelta(days=6),
+            "finished_at": end - timedelta(days=6, hours=-1),
+            "partial": False,
+            "params": {"windows": ["1M", "4M"], "streams": [1, 4]},
+            "data": points,
+            "summary": {"window": "4M", "streams": 4},
+        },
+        {
+            "id": "study-2",
+            "kind": "duration",
+            "monitor": "slac-mon",
+            "target": "cern-1",
+            "started_at": end - timedelta(days=2),
+            "finished_at": None,
+            "partial": True,
+            "params": {},
+            "data": points[:1],
+            "summary": {},
+        },
+    ]
+
+
 def fill(url: str, end: datetime = END, extra: list[Result] | None = None) -> Archive:
     archive = Archive.open(url)
     archive.add_many(results(end) + (extra or []))
     for cycle in cycles(end):
         archive.add_cycle(cycle)
+    with archive.writing("adding test alerts and studies") as conn:
+        conn.execute(schema.alerts.insert(), alerts(end))
+        conn.execute(schema.studies.insert(), studies(end))
     return archive

@@ -1,4 +1,5 @@
-"""Fixtures for lab tests: ``lab_factory`` builds labs with unique names and always tears down.
+"""Fixtures shared by every test directory: ``lab_factory`` builds labs with unique names and
+always tears them down.
 
 Tests marked ``lab`` need root (network namespaces, TUN devices); they are skipped otherwise.
 """
