@@ -27,6 +27,8 @@ from iepm.results import utcnow
 DEFAULT_KILL_GRACE_S = 2.0
 # After SIGKILL the kernel reaps quickly; if it has not within this, we stop waiting.
 KILL_WAIT_S = 5.0
+# How long a run waits, after its final SIGKILL, for the group's members to be gone.
+GROUP_GONE_WAIT_S = 0.5
 READ_CHUNK = 65536
 
 
@@ -83,6 +85,19 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
         # A member changed credentials (setuid helper): nothing more we can do to it.
         return False
     return True
+
+
+async def _group_gone(pgid: int, wait_s: float) -> None:
+    """Give a SIGKILLed group a moment to disappear, so that a caller checking PIDs right after
+    the run sees none. (A zombie whose new parent never reaps it keeps the group alive: hence
+    the bound.)"""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)  # signal 0: only asks whether any member exists
+        except (ProcessLookupError, PermissionError):
+            return
+        await asyncio.sleep(0.01)
 
 
 async def _drain(stream: asyncio.StreamReader | None, sink: bytearray) -> None:
@@ -169,7 +184,8 @@ async def run_command(
         raise
     finally:
         # Sweep stragglers (forked helpers still in the group), then stop reading.
-        _signal_group(pgid, signal.SIGKILL)
+        if _signal_group(pgid, signal.SIGKILL):
+            await _group_gone(pgid, GROUP_GONE_WAIT_S)
         if not readers.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(readers), 1.0)

@@ -40,7 +40,7 @@ from typing import Any, cast
 
 from pydantic import Field, field_validator, model_validator
 
-from iepm.errors import ParseError, ToolFailed
+from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed
 from iepm.probes import load
 from iepm.probes.base import (
     Column,
@@ -48,6 +48,7 @@ from iepm.probes.base import (
     ProbeMeta,
     ProbeSpec,
     execute,
+    failed_result,
 )
 from iepm.results import Result
 from iepm.runner import RawRun
@@ -221,7 +222,21 @@ def build_argv(spec: Spec, address: str, *, cpu_mhz: float | None = None) -> lis
 
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
-    return await execute(sys.modules[__name__], spec, ctx)
+    module = sys.modules[__name__]
+    if ctx.remote is None:
+        return await execute(module, spec, ctx)
+    # Agent or SSH target: a one-shot server is started there for this run, on a port the
+    # target picks, and always stopped afterwards.
+    from iepm.remote.session import iperf3_server
+
+    try:
+        async with iperf3_server(
+            ctx.remote, spec, target=ctx.target, address=ctx.address, netns=ctx.netns
+        ) as server:
+            result = await execute(module, spec.model_copy(update={"port": server.port}), ctx)
+    except (RemoteError, ConfigError) as exc:
+        return failed_result(module, spec, ctx, str(exc))
+    return result.model_copy(update={"diags": f"{server.note}\n{result.diags}"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,6 +328,10 @@ def explain_error(error: str, client: ClientArgs, *, measured: bool = False) -> 
             "nodename nor servname",
         )
     ):
+        return f"cannot resolve '{client.host}' — check the target's address or DNS {said}"
+    if "unable to connect" in low and "invalid argument" in low and not _is_ip(client.host):
+        # iperf3 3.9-3.12 report a failed getaddrinfo() with a stale errno (EINVAL); with a
+        # name (not an address) to connect to, that is a name that did not resolve.
         return f"cannot resolve '{client.host}' — check the target's address or DNS {said}"
     if "timed out" in low and "connect" in low:
         within = (
@@ -576,3 +595,11 @@ def _int(value: Any) -> int | None:
     if number is None or not number.is_integer():
         return None
     return int(number)
+
+
+def _is_ip(host: str | None) -> bool:
+    try:
+        ipaddress.ip_address((host or "").strip("[]"))
+    except ValueError:
+        return False
+    return True
