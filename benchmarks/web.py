@@ -1,5 +1,6 @@
 """Latency of `iepm serve` under 20 concurrent clients, on a synthetic archive seeded from real
-NDT series; the baseline is `/api/v1/health` (same server, same stack, no archive access).
+NDT series, on SQLite and on PostgreSQL; the baseline is `/api/v1/health` (same server, same
+stack, same moment, no archive access).
 
 Synthetic model (documented, deterministic with --seed): each target is assigned one real
 M-Lab NDT client×server pair from ``../shared/data/ndt/`` (download throughput in Mbit/s and
@@ -9,25 +10,31 @@ same relative position u — keeping the real level shifts, outliers and day-to-
 multiplied by lognormal noise with σ = 0.05 (so repeated stretches of one real sample differ).
 One result per target every 90 minutes, alternating ping (rtt_avg_ms from the series;
 min/max around it; loss from a 2 % chance of one lost packet in ten) and iperf3
-(throughput_bps from the series); 1 % of the runs fail (timeout or server busy). ``--full`` is
-the issue's case: 100 targets × 2 years ≈ 1.17 M results.
+(throughput_bps from the series); 1 % of the runs fail (timeout or server busy). The default is
+the issue's case: 100 targets × 2 years ≈ 1.17 M results (``--targets``/``--years`` scale it).
+Rows are written straight into the ``results`` table in the envelope's stored form (the same
+columns ``Archive.add_many`` writes; one envelope is checked against ``Result`` first), because
+building a million pydantic envelopes would take longer than the measurement.
 
 Measured, each for --requests requests spread over 20 concurrent clients (httpx async, one
 connection each): the overview page, a target page (random target), and /api/v1/results
 (random target, probe=ping, 28-day window, 100 results, random offset). The server runs in
-its own process, started as a user starts it: `iepm serve --workers N` (default 1). The app
-computes each page's figures once per minute (concurrent requests wait for that one
-computation), so a target's first request is the expensive one; the overview's first (cold)
-request is reported separately. Prints one JSON object.
+its own process, started as a user starts it: `iepm serve --workers N` (default 2, one per
+core). Pages' figures are computed once per 30 s per worker (concurrent requests wait for that
+one computation), so a target's first request is the expensive one; the overview's first
+(cold) request is reported separately. PostgreSQL is a private throwaway cluster
+(tests/pg.py: initdb in a temporary directory, removed afterwards). Prints one JSON object.
 
-    .venv/bin/python benchmarks/web.py [--targets 20 --days 60 | --full] [--requests 400]
-        [--workers N] [--db sqlite:///PATH (reuse an archive built by an earlier --keep run)]
+    .venv/bin/python benchmarks/web.py [--targets 100] [--years 2] [--requests 300]
+        [--backends sqlite,postgresql] [--workers 2] [--db URL (an existing archive)]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import math
 import os
@@ -47,8 +54,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from iepm.results import Outcome, Result, format_time, new_result_id
+from sqlalchemy import insert
+
+from iepm.results import Result, format_time, new_result_id
 from iepm.store import Archive
+from iepm.store.schema import results as RESULTS
 
 NDT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ndt"
 STEP = timedelta(minutes=90)
@@ -86,7 +96,8 @@ def ndt_pairs() -> list[tuple[str, list[float], list[float]]]:
     return pairs
 
 
-def synthetic(targets: int, days: int, seed: int) -> Iterator[Result]:
+def synthetic(targets: int, days: int, seed: int) -> Iterator[dict[str, Any]]:
+    """Rows of the ``results`` table (the envelope's stored form), oldest first."""
     rng = random.Random(seed)
     pairs = ndt_pairs()
     slots = int(timedelta(days=days) / STEP)
@@ -96,63 +107,81 @@ def synthetic(targets: int, days: int, seed: int) -> Iterator[Result]:
         when = start + slot * STEP
         u = slot / slots
         for index, (source, thr, rtt) in enumerate(assigned):
-            target = f"site-{index:03d}"
             noise = math.exp(rng.gauss(0.0, NOISE_SIGMA))
-            common: dict[str, Any] = {
+            failed = rng.random() < 0.01
+            row: dict[str, Any] = {
+                "id": new_result_id(),
+                "schema": 1,
                 "monitor": "bench-mon",
-                "target": target,
+                "target": f"site-{index:03d}",
                 "target_address": f"198.18.{index // 250}.{index % 250 + 1}",
                 "started_at": when + timedelta(seconds=index * 7),
                 "raw_token": new_result_id(),
                 "tool_version": f"synthetic from ndt {source}",
+                "succeeded": not failed,
             }
-            failed = rng.random() < 0.01
             if (slot + index) % 2 == 0:
                 avg = rtt[int(u * len(rtt))] * noise
                 lost = 1 if rng.random() < 0.02 else 0
-                data = {
-                    "packets_sent": 10,
-                    "packets_received": 10 - lost,
-                    "loss_percent": 10.0 * lost,
-                    "rtt_min_ms": round(avg * 0.97, 3),
-                    "rtt_avg_ms": round(avg, 3),
-                    "rtt_max_ms": round(avg * 1.08, 3),
-                    "rtt_mdev_ms": round(avg * 0.02, 3),
-                }
-                yield Result(
+                row.update(
                     probe="ping",
                     tool="ping",
                     duration_s=9.0,
                     params={"count": 10, "interval_s": 1.0},
-                    data={} if failed else data,
-                    outcome=Outcome.TIMEOUT if failed else Outcome.OK,
-                    succeeded=not failed,
+                    outcome="timeout" if failed else "ok",
                     error="ping did not finish within 15 s" if failed else None,
                     diags="ping -n -c 10",
-                    **common,
+                    data={}
+                    if failed
+                    else {
+                        "packets_sent": 10,
+                        "packets_received": 10 - lost,
+                        "loss_percent": 10.0 * lost,
+                        "rtt_min_ms": round(avg * 0.97, 3),
+                        "rtt_avg_ms": round(avg, 3),
+                        "rtt_max_ms": round(avg * 1.08, 3),
+                        "rtt_mdev_ms": round(avg * 0.02, 3),
+                    },
                 )
             else:
                 throughput = thr[int(u * len(thr))] * 1e6 * noise
-                data = {
-                    "throughput_bps": throughput,
-                    "sender_throughput_bps": throughput * 1.01,
-                    "retransmits": rng.randint(0, 50),
-                    "stream_count": 1,
-                    "window_bytes": 4194304,
-                    "mean_rtt_ms": round(rtt[int(u * len(rtt))], 3),
-                }
-                yield Result(
+                row.update(
                     probe="iperf3",
                     tool="iperf3",
                     duration_s=10.0,
                     params={"streams": 1, "window": "4M"},
-                    data={} if failed else data,
-                    outcome=Outcome.FAILED if failed else Outcome.OK,
-                    succeeded=not failed,
+                    outcome="failed" if failed else "ok",
                     error="iperf3: the server is busy running a test" if failed else None,
                     diags="iperf3 -c -J",
-                    **common,
+                    data={}
+                    if failed
+                    else {
+                        "throughput_bps": throughput,
+                        "sender_throughput_bps": throughput * 1.01,
+                        "retransmits": rng.randint(0, 50),
+                        "stream_count": 1,
+                        "window_bytes": 4194304,
+                        "mean_rtt_ms": round(rtt[int(u * len(rtt))], 3),
+                    },
                 )
+            yield row
+
+
+def build(url: str, targets: int, days: int, seed: int) -> float:
+    """Fill the archive at ``url``; returns the seconds it took."""
+    rows = synthetic(targets, days, seed)
+    first = next(rows)
+    # The rows must be what the archive would store for a real envelope.
+    stored = Result.model_validate(first).envelope()
+    stored["started_at"] = first["started_at"]
+    if stored != first:
+        raise SystemExit(f"synthetic row differs from its envelope: {first} vs {stored}")
+    t0 = time.perf_counter()
+    with Archive.open(url) as archive, archive.writing("building the benchmark archive") as conn:
+        conn.execute(insert(RESULTS), [first])
+        while batch := list(itertools.islice(rows, 20_000)):
+            conn.execute(insert(RESULTS), batch)
+    return time.perf_counter() - t0
 
 
 def free_port() -> int:
@@ -229,54 +258,30 @@ def figures(latencies: list[float], baseline: dict[str, float]) -> dict[str, Any
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", type=int, default=20)
-    parser.add_argument("--days", type=int, default=60)
-    parser.add_argument("--full", action="store_true", help="100 targets × 730 days")
-    parser.add_argument("--requests", type=int, default=400, help="per endpoint")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=1, help="iepm serve --workers")
-    parser.add_argument("--db", help="use this archive (built by an earlier --keep run)")
-    parser.add_argument("--keep", action="store_true", help="keep the generated archive")
-    args = parser.parse_args()
-    if args.full:
-        args.targets, args.days = 100, 730
-    tmp = None if args.db else tempfile.mkdtemp(prefix="iepm-bench-web-")
-    url = args.db or f"sqlite:///{Path(str(tmp)) / 'archive.db'}"
-    build_s = None
-    if args.db is None:
-        t0 = time.perf_counter()
-        with Archive.open(url) as archive:
-            batch: list[Result] = []
-            for result in synthetic(args.targets, args.days, args.seed):
-                batch.append(result)
-                if len(batch) == 50_000:
-                    archive.add_many(batch)
-                    batch = []
-            archive.add_many(batch)
-        build_s = time.perf_counter() - t0
+def measure(url: str, requests: int, workers: int, seed: int) -> dict[str, Any]:
+    """Serve the archive at ``url`` and load it; the figures of one backend."""
     with Archive.open(url) as archive:
         total = archive.count()
         targets = archive.targets()
         first = next(archive.results(limit=1), None)
         last = next(archive.results(limit=1, order="desc"), None)
-    span_days = round((last.started_at - first.started_at).days) + 1 if first and last else 0
-    rng = random.Random(args.seed)
+    if not targets or first is None or last is None:
+        raise SystemExit(f"the archive {url} has no results")
+    rng = random.Random(seed)
     port = free_port()
-    server = start_server(url, port, args.workers)
+    server = start_server(url, port, workers)
     base = f"http://127.0.0.1:{port}"
-    n = args.requests
+    n = requests
     # The API window: the archive's last 28 days, whenever it was built.
-    end = last.started_at + timedelta(seconds=1) if last else END
-    since = format_time(end - timedelta(days=28))
+    since = format_time(last.started_at + timedelta(seconds=1) - timedelta(days=28))
     try:
         t0 = time.perf_counter()
         cold = httpx.get(f"{base}/", timeout=120)
         overview_cold_ms = (time.perf_counter() - t0) * 1000
-        assert cold.status_code == 200, cold.text[:300]
-        # Warm-up (connections, first imports and queries), not counted.
-        asyncio.run(load(base, ["/api/v1/health"] * 2 * CLIENTS))
+        if cold.status_code != 200:
+            raise SystemExit(f"/: {cold.status_code} {cold.text[:300]}")
+        # Warm-up (connections, first imports and queries in every worker), not counted.
+        asyncio.run(load(base, ["/api/v1/health"] * 2 * CLIENTS + ["/"] * 2 * CLIENTS))
         health = asyncio.run(load(base, ["/api/v1/health"] * n))
         baseline = {
             "p50_ms": percentile(health, 50) * 1000,
@@ -301,27 +306,67 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=5)
-    out = {
-        "benchmark": "web",
-        "backend": url.split(":", 1)[0],
+    return {
         "results": total,
         "targets": len(targets),
-        "days": span_days,
-        "clients": CLIENTS,
-        "workers": args.workers,
-        "archive_build_s": None if build_s is None else round(build_s, 1),
+        "days": (last.started_at - first.started_at).days + 1,
         "baseline": {"endpoint": "/api/v1/health", **{k: round(v, 2) for k, v in baseline.items()}},
         "overview_cold_ms": round(overview_cold_ms, 1),
         "overview": figures(overview, baseline),
         "target_page": figures(target_page, baseline),
         "api_results": figures(api, baseline),
     }
-    if args.keep or tmp is None:
-        out["archive"] = url
+
+
+@contextlib.contextmanager
+def archive_url(backend: str) -> Iterator[str]:
+    """A fresh, empty archive on ``backend``, removed afterwards."""
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="iepm-bench-web-") as tmp:
+            yield f"sqlite:///{Path(tmp) / 'archive.db'}"
+        return
+    from tests.pg import find_bindir, running_server
+
+    bindir = find_bindir()
+    if bindir is None:
+        raise SystemExit("PostgreSQL server binaries not found (scripts/install-system-deps.sh)")
+    with running_server(bindir) as server:
+        yield server.create_database("iepm_bench_web")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", type=int, default=100)
+    parser.add_argument("--years", type=float, default=2.0)
+    parser.add_argument("--requests", type=int, default=300, help="per endpoint")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2, help="iepm serve --workers")
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--db", help="measure this existing archive instead of building one")
+    args = parser.parse_args()
+    days = max(1, round(args.years * 365))
+    out: dict[str, Any] = {
+        "benchmark": "web",
+        "clients": CLIENTS,
+        "workers": args.workers,
+        "requests_per_endpoint": args.requests,
+        "aim_p99_ms": 300,
+        "backends": {},
+    }
+    if args.db:
+        out["backends"][args.db.split(":", 1)[0]] = measure(
+            args.db, args.requests, args.workers, args.seed
+        )
     else:
-        for path in Path(tmp).glob("*"):
-            path.unlink()
-        Path(tmp).rmdir()
+        out.update(targets=args.targets, years=args.years)
+        for backend in args.backends.split(","):
+            if backend not in ("sqlite", "postgresql"):
+                raise SystemExit(f"--backends: unknown backend {backend!r}")
+            with archive_url(backend) as url:
+                build_s = build(url, args.targets, days, args.seed)
+                figures_ = measure(url, args.requests, args.workers, args.seed)
+                out["backends"][backend] = {"archive_build_s": round(build_s, 1), **figures_}
+            print(json.dumps({backend: out["backends"][backend]}), file=sys.stderr)
     print(json.dumps(out, indent=2))
 
 

@@ -104,6 +104,9 @@ def _run_probe(
         )
         if config is not None:
             ctx.monitor = config.monitor.name
+            if name in config.target_names():
+                # An agent or SSH target: the probe obtains (and releases) its server there.
+                ctx.remote = config.target(name).remote()
         result: Result = asyncio.run(module.run(spec, ctx))
         if store:
             from iepm.store import Archive
@@ -454,22 +457,6 @@ def extract_cmd(
     )
 
 
-@app.command("demo")
-def demo_cmd(
-    cycles: Annotated[int, typer.Option(help="Cycles to run.")] = 2,
-    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its archive and logs.")] = (
-        Path("var/demo")
-    ),
-) -> None:
-    """Bring up demo targets, run measurement cycles and show the results live."""
-    from iepm.demo import run_demo
-
-    try:
-        run_demo(console, cycles=cycles, workdir=workdir)
-    except IepmError as exc:
-        raise fail(str(exc)) from None
-
-
 @app.command("version")
 def version_cmd() -> None:
     """Print iepm's version."""
@@ -479,12 +466,17 @@ def version_cmd() -> None:
 def _mount_subcommands() -> None:
     # Each layer owns its commands; these imports are light (heavy ones happen inside commands).
     from iepm.analysis.cli import register as register_analysis
+    from iepm.demo import register as register_demo
     from iepm.lab.cli import lab_app
+    from iepm.remote.cli import register as register_remote
     from iepm.web.cli import register as register_web
 
     app.add_typer(lab_app, name="lab")
     register_analysis(app)
     register_web(app)
+    register_remote(app)
+    register_demo(app)
+    __import__("iepm.tuning.cli", fromlist=["register"]).register(app)
 
 
 _mount_subcommands()

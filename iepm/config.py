@@ -38,6 +38,100 @@ class MonitorConfig(StrictModel):
     start_jitter_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     # Run every probe inside this network namespace (the lab's monitor host).
     netns: str | None = None
+    # Step changes in throughput, RTT and loss become alerts in the archive (iepm.analysis.watch),
+    # POSTed as JSON to webhook_url when set: webhook_attempts tries per round, with backoff.
+    alerts: bool = True
+    webhook_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    webhook_timeout_s: float = Field(default=5.0, gt=0.0, le=60.0)
+    webhook_attempts: int = Field(default=4, ge=1, le=10)
+    # Adaptive frequency of the bandwidth tests (iepm.analysis.adaptive): a path whose forecast
+    # is narrow and stable is tested every 2nd, 4th... cycle, at most every adaptive_max_factor-th;
+    # at least every adaptive_min_factor-th, and at once when a change is suspected.
+    adaptive: bool = False
+    adaptive_min_factor: int = Field(default=1, ge=1, le=100)
+    adaptive_max_factor: int = Field(default=4, ge=1, le=100)
+    adaptive_narrow_percent: float = Field(default=20.0, gt=0.0, le=1000.0)
+
+    @model_validator(mode="after")
+    def _adaptive_bounds(self) -> MonitorConfig:
+        if self.adaptive_min_factor > self.adaptive_max_factor:
+            raise ValueError(
+                f"adaptive_min_factor ({self.adaptive_min_factor}) must not exceed "
+                f"adaptive_max_factor ({self.adaptive_max_factor})"
+            )
+        return self
+
+
+SSH_USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+
+
+class AgentAccess(StrictModel):
+    """How this monitor reaches a target's ``iepm agent``. The bearer token lives in
+    ``credential_file`` (one line, mode 0600), never in this file, logs or results."""
+
+    url: str
+    credential_file: str
+    # TLS: the agent's CA (verify the agent), and this monitor's own certificate (mutual TLS).
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    # How long to wait for the target's exclusive slot when another monitor holds it.
+    slot_wait_s: float = Field(default=10.0, ge=0.0, le=600.0)
+    request_timeout_s: float = Field(default=10.0, ge=0.5, le=120.0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^https?://[A-Za-z0-9.\[\]:_-]+(:\d{1,5})?/?$", value):
+            raise ValueError(
+                f"agent url must be like http://host:8700 or https://host:8700 ({value!r})"
+            )
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _cert_pair(self) -> AgentAccess:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("client_cert and client_key go together (mutual TLS)")
+        return self
+
+
+class SshAccess(StrictModel):
+    """Agentless: log in with a key (never a password), start the server for one test, kill it."""
+
+    user: str
+    key_file: str
+    port: int = Field(default=22, ge=1, le=65535)
+    # Host keys are always checked; `iepm target add --mode ssh` shows how to fill this file.
+    known_hosts: str = "~/.ssh/known_hosts"
+    # Deadline of each step (connect + authenticate, each remote command).
+    step_timeout_s: float = Field(default=10.0, ge=1.0, le=120.0)
+    # Port the iperf3 server is started on at the target.
+    server_port: int = Field(default=5201, ge=1, le=65535)
+    iperf3_path: str = "iperf3"
+    # Directory on the target for the test's files (a fresh one per test, removed after it).
+    work_dir: str = "/tmp"
+
+    @field_validator("work_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or "\n" in value or "\0" in value:
+            raise ValueError(f"work_dir must be an absolute path on the target ({value!r})")
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        if not SSH_USER_RE.match(value):
+            raise ValueError(f"not a POSIX user name: {value!r}")
+        return value
+
+    @field_validator("iperf3_path")
+    @classmethod
+    def _program(cls, value: str) -> str:
+        # It is sent as one word of a remote command line: no spaces or shell characters.
+        if not re.match(r"^[A-Za-z0-9_./+-]+$", value):
+            raise ValueError(f"iperf3_path may hold only letters, digits and _./+- ({value!r})")
+        return value
 
 
 class TargetConfig(StrictModel):
@@ -48,7 +142,11 @@ class TargetConfig(StrictModel):
     probes: list[str] = Field(default_factory=lambda: list(DEFAULT_PROBES))
     # If ping is expected to work and fails, heavy probes are skipped (the seeds' sanity rule).
     ping_expected: bool = True
-    mode: Literal["plain"] = "plain"
+    # plain: a public iperf3 -s / ping endpoint; agent: the target runs `iepm agent`;
+    # ssh: agentless, the monitor starts the server over SSH for each test.
+    mode: Literal["plain", "agent", "ssh"] = "plain"
+    agent: AgentAccess | None = None
+    ssh: SshAccess | None = None
     # Use the parameters `iepm tune` stored for this path (a target's own settings still win).
     use_tuned: bool = True
     # Per-probe parameters, e.g. [targets.iperf3] streams = 4; validated against each Spec.
@@ -78,6 +176,20 @@ class TargetConfig(StrictModel):
             if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$", value):
                 raise ValueError(f"not an IP address or host name: {value!r}") from None
         return value
+
+    @model_validator(mode="after")
+    def _mode_has_its_table(self) -> TargetConfig:
+        for mode in ("agent", "ssh"):
+            table = getattr(self, mode)
+            if self.mode == mode and table is None:
+                raise ValueError(f"mode = {mode!r} needs a [targets.{mode}] table")
+            if self.mode != mode and table is not None:
+                raise ValueError(f"[targets.{mode}] is given but mode = {self.mode!r}")
+        return self
+
+    def remote(self) -> AgentAccess | SshAccess | None:
+        """How servers are started on this target for a test (None: a plain endpoint)."""
+        return self.agent if self.mode == "agent" else self.ssh if self.mode == "ssh" else None
 
     @field_validator("probes")
     @classmethod

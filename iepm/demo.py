@@ -1,30 +1,61 @@
-"""``iepm demo``: measure a few targets end to end and show the results live.
+"""``iepm demo`` (``make demo``): a WAN lab of research sites, measured live, on a dashboard.
 
-Runs on loopback targets (127.0.0.0/8), one of them with no iperf3 server so that a failure is
-shown too. Every server the demo starts is stopped by its PID when the demo ends.
+As root, brings up the lab in ``examples/lab/demo.toml`` (six sites 5–300 ms away, 10 Mbit/s to
+1 Gbit/s bottlenecks, lossy paths, cross traffic and a scheduled route change, with time
+compressed so a lab hour passes in a real minute), starts an ``iperf3 -s`` in every site, and
+runs measurement cycles from the lab's monitor namespace with short probes so the pages fill
+within minutes, while ``iepm serve``'s dashboard runs on 127.0.0.1:8080. Without root it
+measures loopback targets (127.0.0.x) instead, and says so.
+
+Ctrl-C (or SIGTERM) ends it: the web server stops, every iperf3 server is stopped by its PID and
+the lab is torn down. The archive and raw logs stay in ``--workdir`` (``var/demo``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
-from rich.live import Live
 
-from iepm.config import load_config_text
-from iepm.console import LiveTable
-from iepm.errors import IepmError, ToolNotFound
+from iepm.config import Config, load_config_text
+from iepm.errors import IepmError, LabError, ToolNotFound
 from iepm.results import Result
-from iepm.scheduler import Scheduler
+from iepm.runner import run_command
+from iepm.scheduler import CycleReport, Scheduler
 from iepm.store import Archive
+
+TOPOLOGY = Path(__file__).resolve().parents[1] / "examples" / "lab" / "demo.toml"
+IPERF3_PORT = 5201
+SERVER_START_S = 10.0
+CYCLE_INTERVAL_S = 30.0
+# Short probes: one cycle over six sites takes about 20 s.
+PROBE_DEFAULTS = """
+[defaults.ping]
+count = 5
+interval_s = 0.2
+
+[defaults.traceroute]
+max_hops = 12
+wait_s = 1.0
+
+[defaults.iperf3]
+duration_s = 2
+"""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -34,8 +65,59 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _toml_str(value: str | Path) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def demo_config(
+    workdir: Path,
+    targets: list[dict[str, Any]],
+    *,
+    monitor: str,
+    netns: str | None,
+    interval_s: float = CYCLE_INTERVAL_S,
+) -> str:
+    """targets.toml for the demo: ``targets`` are dicts with name, address, site, port."""
+    lines = [
+        "[monitor]",
+        f"name = {_toml_str(monitor)}",
+        f"cycle_interval_s = {interval_s}",
+        f"archive = {_toml_str('sqlite:///' + str((workdir / 'archive.db').resolve()))}",
+        f"log_dir = {_toml_str((workdir / 'raw').resolve())}",
+    ]
+    if netns:
+        lines.append(f"netns = {_toml_str(netns)}")
+    lines.append(PROBE_DEFAULTS)
+    for t in targets:
+        lines += [
+            "[[targets]]",
+            f"name = {_toml_str(t['name'])}",
+            f"address = {_toml_str(t['address'])}",
+            f"site = {_toml_str(t['site'])}",
+            'probes = ["ping", "traceroute", "iperf3", "load"]',
+            "[targets.iperf3]",
+            f"port = {t['port']}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+# -- iperf3 servers ----------------------------------------------------------------------------
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """TERM, then KILL, the server's whole process group (it was started in its own session)."""
+    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
+
+
 @contextlib.contextmanager
-def iperf3_server(host: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
+def loopback_server(host: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
     """An ``iperf3 -s`` bound to host:port, killed (with its group) on exit."""
     if shutil.which("iperf3") is None:
         raise ToolNotFound("iperf3 is not installed (Debian: apt-get install iperf3)")
@@ -46,88 +128,283 @@ def iperf3_server(host: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise IepmError(f"iperf3 server on {host}:{port} exited ({proc.returncode})")
             with socket.socket() as sock:
                 sock.settimeout(0.2)
                 if sock.connect_ex((host, port)) == 0:
                     break
             time.sleep(0.05)
         else:
-            raise IepmError(f"iperf3 server on {host}:{port} did not start within 5 s")
+            raise IepmError(f"iperf3 server on {host}:{port} did not start in {SERVER_START_S} s")
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=3)
+        _stop(proc)
 
 
-def loopback_config(workdir: Path, ports: dict[str, int]) -> str:
-    return f"""
-[monitor]
-name = "demo-monitor"
-cycle_interval_s = 30
-archive = "sqlite:///{(workdir / "archive.db").resolve()}"
-log_dir = "{(workdir / "raw").resolve()}"
-
-[defaults.ping]
-count = 5
-interval_s = 0.2
-
-[defaults.iperf3]
-duration_s = 3
-
-[[targets]]
-name = "site-a"
-address = "127.0.0.1"
-site = "loopback"
-[targets.iperf3]
-port = {ports["site-a"]}
-
-[[targets]]
-name = "site-b"
-address = "127.0.0.2"
-site = "loopback"
-[targets.iperf3]
-port = {ports["site-b"]}
-streams = 4
-
-[[targets]]
-name = "site-c-no-server"
-address = "127.0.0.3"
-site = "loopback"
-[targets.iperf3]
-port = {ports["site-c-no-server"]}
-"""
-
-
-def run_demo(console: Console, *, cycles: int, workdir: Path) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    ports = {"site-a": free_port(), "site-b": free_port("127.0.0.2"), "site-c-no-server": 9}
-    config = load_config_text(loopback_config(workdir, ports), workdir / "targets.toml")
-    (workdir / "targets.toml").write_text(loopback_config(workdir, ports), encoding="utf-8")
-    table = LiveTable("iepm demo: latest result per target and probe")
-    with (
-        iperf3_server("127.0.0.1", ports["site-a"]),
-        iperf3_server("127.0.0.2", ports["site-b"]),
-        Archive.open(config.monitor.archive) as archive,
-        Live(table.render(), console=console, refresh_per_second=4) as live,
-    ):
-
-        def on_result(result: Result) -> None:
-            table.update(result)
-            live.update(table.render())
-
-        scheduler = Scheduler(config, archive, on_result=on_result)
-        reports = asyncio.run(scheduler.run(cycles=cycles))
-    for report in reports:
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
-        console.print(f"cycle {report.number}: {outcomes} in {report.duration_s:.1f} s")
-    console.print(
-        f"archive: {config.monitor.archive}\nraw logs: {config.monitor.log_dir}\n"
-        f"try: iepm export --config {workdir / 'targets.toml'} --probe iperf3 --format tsv"
+def _listening_in(netns: str, port: int) -> bool:
+    run = asyncio.run(
+        run_command(["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"], 5.0)
     )
+    return bool(run.stdout.strip())
+
+
+# -- the demo ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Demo:
+    """The demo's moving parts; :meth:`close` (or leaving ``with``) stops all of them.
+
+    ``Demo.start(workdir)`` brings up the lab (or loopback targets) and the iperf3 servers and
+    writes ``workdir/targets.toml``; :meth:`run_cycles` runs the real scheduler against them.
+    """
+
+    workdir: Path
+    config: Config
+    mode: str  # "lab" or "loopback"
+    lab: Any = None
+    servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    archive: Archive | None = None
+    scheduler: Scheduler | None = None
+
+    @classmethod
+    def start(
+        cls,
+        workdir: Path,
+        *,
+        loopback: bool = False,
+        topology: str | Path | dict[str, Any] = TOPOLOGY,
+        lab_name: str | None = None,
+        say: Callable[[str], None] = print,
+    ) -> Demo:
+        workdir.mkdir(parents=True, exist_ok=True)
+        reason = "--loopback was given" if loopback else _lab_unavailable()
+        if reason is None:
+            return cls._start_lab(workdir, topology, lab_name, say)
+        say(f"iepm demo: no WAN lab ({reason}); measuring loopback targets 127.0.0.x instead")
+        return cls._start_loopback(workdir)
+
+    @classmethod
+    def _start_lab(
+        cls,
+        workdir: Path,
+        topology: str | Path | dict[str, Any],
+        lab_name: str | None,
+        say: Callable[[str], None],
+    ) -> Demo:
+        from iepm.lab import Lab
+
+        if isinstance(topology, str | Path):
+            raw = tomllib.loads(Path(topology).read_text(encoding="utf-8"))
+        else:
+            raw = topology
+        stack = contextlib.ExitStack()
+        try:
+            say(f"iepm demo: bringing up lab {lab_name or raw['lab']['name']} ...")
+            lab = Lab.up(topology, name=lab_name)
+            if not lab.created:
+                # Left by a demo that was killed: its servers may still hold the ports.
+                say(f"iepm demo: replacing lab {lab.name} left by an earlier demo")
+                lab.down()
+                lab = Lab.up(topology, name=lab_name)
+            stack.enter_context(lab)
+            monitors = [h["name"] for h in raw["hosts"] if h.get("role") == "monitor"]
+            sites = [h["name"] for h in raw["hosts"] if h.get("role") == "target"]
+            servers = []
+            for site in sites:
+                proc = lab.popen(site, ["iperf3", "-s", "-B", lab.address(site), "-p", "5201"])
+                servers.append(proc)
+                stack.callback(lab.stop, proc)
+            deadline = time.monotonic() + SERVER_START_S
+            waiting = list(sites)
+            while waiting and time.monotonic() < deadline:
+                waiting = [s for s in waiting if not _listening_in(lab.netns(s), IPERF3_PORT)]
+                if waiting:
+                    time.sleep(0.1)
+            if waiting:
+                raise LabError(f"iperf3 servers in {', '.join(waiting)} did not start")
+            targets = [
+                {"name": s, "address": lab.address(s), "site": s, "port": IPERF3_PORT}
+                for s in sites
+            ]
+            text = demo_config(
+                workdir, targets, monitor=f"{lab.name}-{monitors[0]}", netns=lab.netns(monitors[0])
+            )
+            (workdir / "targets.toml").write_text(text, encoding="utf-8")
+            config = load_config_text(text, workdir / "targets.toml")
+            say(
+                f"iepm demo: lab {lab.name} is up: {len(sites)} sites "
+                f"({', '.join(sites)}), iperf3 servers PIDs "
+                f"{', '.join(str(p.pid) for p in servers)}"
+            )
+        except BaseException:
+            stack.close()
+            raise
+        return cls(workdir, config, "lab", lab=lab, servers=servers, stack=stack)
+
+    @classmethod
+    def _start_loopback(cls, workdir: Path) -> Demo:
+        stack = contextlib.ExitStack()
+        try:
+            targets = [
+                {"name": "loop-a", "address": "127.0.0.1", "site": "loopback"},
+                {"name": "loop-b", "address": "127.0.0.2", "site": "loopback"},
+                # No server: shows a failed bandwidth test beside the good ones.
+                {"name": "loop-c-no-server", "address": "127.0.0.3", "site": "loopback"},
+            ]
+            servers = []
+            for t in targets:
+                t["port"] = free_port(t["address"])
+                if "no-server" not in t["name"]:
+                    servers.append(stack.enter_context(loopback_server(t["address"], t["port"])))
+            text = demo_config(workdir, targets, monitor="demo-loopback", netns=None)
+            (workdir / "targets.toml").write_text(text, encoding="utf-8")
+            config = load_config_text(text, workdir / "targets.toml")
+        except BaseException:
+            stack.close()
+            raise
+        return cls(workdir, config, "loopback", servers=servers, stack=stack)
+
+    def open(self, on_result: Callable[[Result], None] | None = None) -> Scheduler:
+        if self.scheduler is None:
+            self.archive = self.stack.enter_context(Archive.open(self.config.monitor.archive))
+            self.scheduler = Scheduler(self.config, self.archive, on_result=on_result)
+        return self.scheduler
+
+    def run_cycles(self, cycles: int | None) -> list[CycleReport]:
+        """Run ``cycles`` cycles (forever when None) at the configured interval."""
+        return asyncio.run(self.open().run(cycles=cycles))
+
+    def close(self) -> None:
+        """Stop the servers (by PID) and tear the lab down; safe to call twice."""
+        self.stack.close()
+
+    def __enter__(self) -> Demo:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _lab_unavailable() -> str | None:
+    from iepm.lab.testing import lab_unavailable
+
+    return lab_unavailable()
+
+
+def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run_demo(
+    console: Console,
+    *,
+    workdir: Path,
+    cycles: int | None = None,
+    serve: bool = True,
+    listen: str = "127.0.0.1:8080",
+    loopback: bool = False,
+    lab_name: str | None = None,
+    topology: str | Path = TOPOLOGY,
+) -> None:
+    """The ``iepm demo`` command: start, serve, measure until Ctrl-C (or ``cycles`` cycles),
+    then tear everything down."""
+    from iepm.web.cli import parse_listen, serve_in_background
+
+    host, port = parse_listen(listen)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        with Demo.start(
+            workdir, loopback=loopback, topology=topology, lab_name=lab_name, say=console.print
+        ) as demo:
+
+            def on_result(result: Result) -> None:
+                value = _headline(result)
+                console.print(
+                    f"{result.started_at:%H:%M:%S} {result.target:<18} {result.probe:<10} "
+                    f"{result.outcome.value:<8} {value}",
+                    highlight=False,
+                )
+
+            scheduler = demo.open(on_result)
+            if serve:
+                server = serve_in_background(
+                    demo.config.monitor.archive, host, port, health=scheduler.health
+                )
+                demo.stack.callback(server.stop)
+                console.print(f"iepm demo: dashboard at {server.url}  (Ctrl-C stops the demo)")
+            sys.stdout.flush()
+            reports = demo.run_cycles(cycles)
+            for report in reports:
+                outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
+                console.print(f"cycle {report.number}: {outcomes} in {report.duration_s:.1f} s")
+            console.print(
+                f"archive: {demo.config.monitor.archive}\n"
+                f"try: iepm serve --db {demo.config.monitor.archive}"
+            )
+    except KeyboardInterrupt:
+        console.print("iepm demo: stopped; servers and lab removed")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _headline(result: Result) -> str:
+    if not result.succeeded:
+        return (result.error or "")[:70]
+    d = result.data
+    if result.probe == "ping":
+        return f"rtt {d.get('rtt_avg_ms')} ms, loss {d.get('loss_percent')} %"
+    if result.probe == "iperf3" and isinstance(d.get("throughput_bps"), int | float):
+        return f"{d['throughput_bps'] / 1e6:.1f} Mbit/s"
+    if result.probe == "traceroute":
+        return f"{d.get('hop_count')} hops, reached={d.get('reached')}"
+    return ""
+
+
+def demo_command(
+    cycles: Annotated[
+        int | None, typer.Option("--cycles", min=1, help="Stop after N cycles (default: never).")
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve/--no-serve", help="Serve the dashboard while measuring.")
+    ] = True,
+    listen: Annotated[str, typer.Option("--listen", help="ADDR:PORT of the dashboard.")] = (
+        "127.0.0.1:8080"
+    ),
+    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its archive and logs.")] = (
+        Path("var/demo")
+    ),
+    loopback: Annotated[
+        bool, typer.Option("--loopback", help="Measure loopback targets even as root.")
+    ] = False,
+    lab_name: Annotated[
+        str | None, typer.Option("--lab-name", help="Name of the lab (default: iepmdemo).")
+    ] = None,
+    topology: Annotated[Path, typer.Option(help="Lab topology file.")] = TOPOLOGY,
+) -> None:
+    """Bring up a WAN lab of six sites (root) or loopback targets, measure them in cycles and
+    serve the dashboard on 127.0.0.1:8080; Ctrl-C tears everything down."""
+    console = Console()
+    try:
+        run_demo(
+            console,
+            workdir=workdir,
+            cycles=cycles,
+            serve=serve,
+            listen=listen,
+            loopback=loopback,
+            lab_name=lab_name,
+            topology=topology,
+        )
+    except (IepmError, ValueError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise typer.Exit(2) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``iepm demo`` to the ``iepm`` command."""
+    app.command("demo")(demo_command)

@@ -11,6 +11,12 @@ Each result is written to the archive in its own transaction as soon as its prob
 If the archive cannot be written, the result is appended to a spool file beside the raw logs and
 written back at the start of the next cycle. A cycle that overruns its interval is recorded and
 the next one starts late rather than overlapping.
+
+After each result is stored it goes to the *watchers* (by default the alert watcher of
+:mod:`iepm.analysis.watch`, as ``[monitor] alerts`` asks): a watcher that fails is logged and
+counted, never allowed to stop the cycle. With ``[monitor] adaptive`` the exclusive probes of a
+predictable path are not scheduled in every cycle (:mod:`iepm.analysis.adaptive`); each such
+deferral is counted and listed in the cycle's report, and no result is stored for it.
 """
 
 from __future__ import annotations
@@ -21,14 +27,17 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
+from typing import Protocol
 
 from pydantic import ValidationError
 
+from iepm.analysis.adaptive import cadence_for
+from iepm.analysis.watch import AlertWatcher, watcher_for
 from iepm.config import Config, TargetConfig
 from iepm.errors import StoreError
 from iepm.probes import PROBES
@@ -55,6 +64,8 @@ class CycleReport:
     overran: bool = False
     results: list[Result] = field(default_factory=list)
     probe_time_s: float = 0.0
+    # (target, probe, reason) of each exclusive probe the adaptive cadence did not schedule.
+    deferred: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def outcomes(self) -> Counter[str]:
@@ -70,9 +81,21 @@ class SchedulerHealth:
     cycle_overruns: int = 0
     archive_write_failures: int = 0
     spooled_results: int = 0
+    watcher_errors: int = 0
+    deferred_runs: int = 0
 
 
 ResultCallback = Callable[[Result], None]
+# Watch-dog exits: a watcher that has not returned after this long is left running, its work is
+# done in threads of its own (webhook deliveries).
+WATCHER_CLOSE_S = 10.0
+
+
+class ResultWatcher(Protocol):
+    """Sees every stored result (e.g. the alert watcher). May also define ``cycle_started()``
+    and ``close(timeout_s)``."""
+
+    def observe(self, result: Result) -> object: ...
 
 
 class Scheduler:
@@ -83,7 +106,10 @@ class Scheduler:
         *,
         on_result: ResultCallback | None = None,
         rng: random.Random | None = None,
+        watchers: Sequence[ResultWatcher] | None = None,
     ) -> None:
+        """``watchers``: None for those the config asks for (``[monitor] alerts``/``adaptive``),
+        or an explicit list (``[]`` for none)."""
         self.config = config
         self.archive = archive
         self.raw_log = RawLog(config.monitor.log_dir)
@@ -93,6 +119,17 @@ class Scheduler:
         self.exclusive = asyncio.Lock()
         self.health = SchedulerHealth()
         self.cycle_number = 0
+        self.alert_watcher: AlertWatcher | None
+        if watchers is None:
+            self.alert_watcher = watcher_for(config, archive)
+            self.watchers: list[ResultWatcher] = [self.alert_watcher] if self.alert_watcher else []
+        else:
+            self.watchers = list(watchers)
+            self.alert_watcher = next(
+                (w for w in self.watchers if isinstance(w, AlertWatcher)), None
+            )
+        self.cadence = cadence_for(config, self.alert_watcher)
+        self._deferred: list[tuple[str, str, str]] = []
 
     # -- storing -------------------------------------------------------------------------------
 
@@ -106,6 +143,27 @@ class Scheduler:
             self._spool(result)
         if self.on_result is not None:
             self.on_result(result)
+        for watcher in self.watchers:
+            try:
+                watcher.observe(result)
+            except Exception:  # a watcher's bug must never stop measurements
+                self.health.watcher_errors += 1
+                log.exception("watcher %s failed on result %s", type(watcher).__name__, result.id)
+
+    def _notify_watchers(self, hook: str, *args: object) -> None:
+        for watcher in self.watchers:
+            method = getattr(watcher, hook, None)
+            if method is None:
+                continue
+            try:
+                method(*args)
+            except Exception:
+                self.health.watcher_errors += 1
+                log.exception("watcher %s failed in %s", type(watcher).__name__, hook)
+
+    def close(self) -> None:
+        """Let the watchers finish (e.g. webhook deliveries in flight), for a bounded time."""
+        self._notify_watchers("close", WATCHER_CLOSE_S)
 
     def _spool(self, result: Result) -> None:
         self.spool_path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,9 +254,28 @@ class Scheduler:
                 self._store(result)
                 results.append(result)
                 continue
+            if self._deferred_by_cadence(target, module.NAME):
+                continue
             async with self.exclusive:
                 results.append(await self._run_probe(module, target))
         return results
+
+    def _deferred_by_cadence(self, target: TargetConfig, probe: str) -> bool:
+        if self.cadence is None:
+            return False
+        try:
+            reason = self.cadence.decide(target.name, probe)
+            if reason is None:
+                self.cadence.ran(target.name, probe)
+                return False
+        except Exception:  # adaptive scheduling is an optimisation: on a bug, just measure
+            self.health.watcher_errors += 1
+            log.exception("adaptive cadence failed for %s %s", target.name, probe)
+            return False
+        self.health.deferred_runs += 1
+        self._deferred.append((target.name, probe, reason))
+        log.debug("%s", reason)
+        return True
 
     async def run_cycle(self) -> CycleReport:
         self.cycle_number += 1
@@ -208,6 +285,8 @@ class Scheduler:
             interval_s=self.config.monitor.cycle_interval_s,
         )
         self.flush_spool()
+        self._notify_watchers("cycle_started")
+        self._deferred = report.deferred
         t0 = time.monotonic()
         order = list(self.config.targets)
         self.rng.shuffle(order)
@@ -247,15 +326,18 @@ class Scheduler:
         """Run cycles back to back at the configured interval (forever when ``cycles`` is None)."""
         reports: list[CycleReport] = []
         interval = self.config.monitor.cycle_interval_s
-        while cycles is None or len(reports) < cycles:
-            jitter = self.config.monitor.start_jitter_s
-            if jitter:
-                await asyncio.sleep(self.rng.uniform(0, jitter))
-            t0 = time.monotonic()
-            report = await self.run_cycle()
-            reports.append(report)
-            if cycles is not None and len(reports) >= cycles:
-                break
-            # Overran: start the next cycle now (late) rather than overlapping.
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+        try:
+            while cycles is None or len(reports) < cycles:
+                jitter = self.config.monitor.start_jitter_s
+                if jitter:
+                    await asyncio.sleep(self.rng.uniform(0, jitter))
+                t0 = time.monotonic()
+                report = await self.run_cycle()
+                reports.append(report)
+                if cycles is not None and len(reports) >= cycles:
+                    break
+                # Overran: start the next cycle now (late) rather than overlapping.
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+        finally:
+            await asyncio.to_thread(self.close)
         return reports

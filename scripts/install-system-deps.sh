@@ -13,6 +13,7 @@ declare -A NEEDED=(
   [ps]=procps
   [/usr/lib/postgresql/15/bin/initdb]=postgresql
   [chromium]=chromium            # browser tests (Playwright drives Debian's chromium)
+  [/usr/sbin/sshd]=openssh-server  # SSH-mode lab tests start private sshd instances
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

@@ -192,6 +192,9 @@ class OnlineDetector:
     A confirmed run must also be *consistent*: its spread at most ``consistency`` times its
     distance from the reference (0 turns this off). A burst of noise is scattered; a new level
     is not. The defaults were chosen on the tune half of rtt-changes/.
+
+    ``min_absolute`` is the smallest change worth an alert in the series' own unit (e.g. 2
+    percentage points of loss, whose level is usually 0 so that no relative floor applies).
     """
 
     def __init__(
@@ -203,6 +206,7 @@ class OnlineDetector:
         window: int = 50,
         warmup: int = 5,
         consistency: float = 0.6,
+        min_absolute: float = 0.0,
     ) -> None:
         if confirm < 1 or window < 3 or warmup < 2:
             raise ValueError("confirm >= 1, window >= 3 and warmup >= 2 are required")
@@ -212,6 +216,7 @@ class OnlineDetector:
         self.window = window
         self.warmup = warmup
         self.consistency = consistency
+        self.min_absolute = min_absolute
         self._segment: deque[float] = deque(maxlen=window)
         self._recent: deque[float] = deque(maxlen=4 * window)
         self._pending: list[tuple[int, float]] = []
@@ -233,7 +238,8 @@ class OnlineDetector:
             self._noise_age = 10
         self._noise_age -= 1
         recent = self._noise
-        return max(mad, recent, self.min_relative * abs(med) / self.threshold, 1e-12)
+        floor = max(self.min_relative * abs(med), self.min_absolute) / self.threshold
+        return max(mad, recent, floor, 1e-12)
 
     def update(self, value: float) -> ChangePoint | None:
         """Feed the next sample; returns a :class:`ChangePoint` when an alert is raised."""

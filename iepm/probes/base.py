@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -30,6 +30,9 @@ from iepm.errors import ParseError, ToolFailed, ToolNotFound
 from iepm.rawlog import RawLog
 from iepm.results import Outcome, Result, utcnow
 from iepm.runner import RawRun, run_command, tool_version
+
+if TYPE_CHECKING:
+    from iepm.config import AgentAccess, SshAccess
 
 Scheduling = Literal["exclusive", "background"]
 
@@ -70,6 +73,8 @@ class ProbeContext:
     raw_log: RawLog | None = None
     # Run the tool inside this network namespace (the lab's monitor host).
     netns: str | None = None
+    # Agent or SSH target: servers are started there for each test (None: a plain endpoint).
+    remote: AgentAccess | SshAccess | None = None
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         if self.netns:

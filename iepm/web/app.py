@@ -102,6 +102,55 @@ class Aggregates(BaseModel):
     buckets: list[Bucket]
 
 
+class Alert(BaseModel):
+    id: str
+    monitor: str
+    target: str
+    probe: str
+    metric: str
+    detected_at: str = Field(description="when the change was detected, UTC")
+    change_at: str = Field(description="when the series changed, UTC")
+    direction: str
+    before: float | None
+    after: float | None
+    change_percent: float | None
+    cause: str = Field(description="route, host, tuning or unknown")
+    details: Any = Field(description="the evidence for the cause")
+    delivered_at: str | None = Field(description="when the webhook delivered it, UTC")
+    delivery_attempts: int
+
+
+class AlertsPage(BaseModel):
+    total: int = Field(description="alerts matching the filters, whatever limit/offset")
+    limit: int
+    offset: int
+    alerts: list[Alert] = Field(description="newest first")
+
+
+class Study(BaseModel):
+    id: str
+    kind: str
+    monitor: str
+    target: str
+    started_at: str
+    finished_at: str | None
+    partial: bool = Field(description="true when the study was interrupted")
+    params: Any
+    data: Any = Field(description="every point measured")
+    summary: Any = Field(description="what the study concluded")
+
+
+class StudiesPage(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    studies: list[Study] = Field(description="newest first")
+
+
+def _times(row: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {**row, **{n: format_time(row[n]) if row[n] is not None else None for n in names}}
+
+
 Since = Annotated[
     datetime | None, Query(description="from this moment, inclusive (ISO 8601; naive = UTC)")
 ]
@@ -298,7 +347,9 @@ def create_app(
             lambda end: views.target_page(queries, target, monitor, end),
         )
         return templates.TemplateResponse(
-            request, "target.html", {**data, "now": now, "until": until}
+            request,
+            "target.html",
+            {**data, "now": now, "until": until, "window_end": data["until"]},
         )
 
     @app.get(
@@ -520,6 +571,48 @@ def create_app(
         return Aggregates(
             target=target, monitor=monitor, metric=m.name, period=period, buckets=buckets
         )
+
+    @app.get("/api/v1/alerts", response_model=AlertsPage, tags=["api"])
+    def api_alerts(
+        target: str | None = None,
+        monitor: str | None = None,
+        cause: str | None = None,
+        since: Since = None,
+        until: Until = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    ) -> AlertsPage:
+        """Step changes found in the paths' series, with their likely ``cause`` (route, host,
+        tuning, unknown), newest first; ``since``/``until`` select by detection time. An
+        unknown target is a 404."""
+        if target is not None:
+            known_target(target)
+        total, rows = queries.alerts(
+            target=target,
+            monitor=monitor,
+            cause=cause,
+            since=_utc(since, "since"),
+            until=_utc(until, "until"),
+            limit=limit,
+            offset=offset,
+        )
+        alerts = [Alert(**_times(r, "detected_at", "change_at", "delivered_at")) for r in rows]
+        return AlertsPage(total=total, limit=limit, offset=offset, alerts=alerts)
+
+    @app.get("/api/v1/studies", response_model=StudiesPage, tags=["api"])
+    def api_studies(
+        target: str | None = None,
+        kind: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    ) -> StudiesPage:
+        """Tuning, duration and impact studies with every point measured, newest first. An
+        unknown target is a 404."""
+        if target is not None:
+            known_target(target)
+        total, rows = queries.studies(target=target, kind=kind, limit=limit, offset=offset)
+        studies = [Study(**_times(r, "started_at", "finished_at")) for r in rows]
+        return StudiesPage(total=total, limit=limit, offset=offset, studies=studies)
 
     @app.get(
         "/metrics",

@@ -9,7 +9,8 @@ Everything except the in-process scheduler counters is read from the archive, so
   ``iepm_iperf3_throughput_bits_per_second``;
 - ``iepm_last_result_timestamp_seconds`` and ``iepm_last_result_success{monitor,target,probe}``;
 - ``iepm_runs_total{monitor,probe,outcome}``, ``iepm_cycles_total`` and
-  ``iepm_cycle_overruns_total{monitor}``;
+  ``iepm_cycle_overruns_total{monitor}``; ``iepm_alerts_total{cause}`` (step changes found by
+  the analysis, by likely cause: route, host, tuning, unknown);
 - with a scheduler in the same process: ``iepm_archive_write_failures_total`` and
   ``iepm_spooled_results_total`` (a failed archive write is, by its nature, not in the archive).
 """
@@ -102,6 +103,12 @@ class ArchiveCollector(Collector):
             overruns.add_metric([monitor], overran)
         yield cycles
         yield overruns
+        alerts = CounterMetricFamily(
+            "iepm_alerts", "Alerts (step changes) in the archive by likely cause", labels=["cause"]
+        )
+        for cause, count in q.cached(("metrics-alerts",), q.alert_counts):
+            alerts.add_metric([cause], count)
+        yield alerts
         if self.health is not None:
             yield CounterMetricFamily(
                 "iepm_archive_write_failures",

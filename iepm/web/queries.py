@@ -23,8 +23,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from iepm.errors import StoreError
 from iepm.results import Result
 from iepm.store.archive import Archive, connect_engine
+from iepm.store.schema import alerts as ALERTS
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import results as RESULTS
+from iepm.store.schema import studies as STUDIES
 
 FloatArray = npt.NDArray[np.float64]
 # Cached page figures kept at most (then all dropped: a simple bound on memory).
@@ -259,17 +261,18 @@ class Queries:
         probe: str | None = None,
         target: str | None = None,
         since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Result]:
-        """The newest result of every path (monitor × target × probe) that has one since
-        ``since``, ordered by path. Two steps keep it cheap on a large archive: the candidates'
-        keys through the (probe, started_at) or (target, probe, started_at) index, then only
-        the winners' rows."""
+        """The newest result of every path (monitor × target × probe) that has one in
+        [``since``, ``until``), ordered by path. Two steps keep it cheap on a large archive:
+        the candidates' keys through the (probe, started_at) or (target, probe, started_at)
+        index, then only the winners' rows."""
         probes = [probe] if probe else self.cached(("probes",), self.probes)
         newest: dict[tuple[str, str, str], tuple[datetime, str]] = {}
         for name in probes:
             query = (
                 select(RESULTS.c.monitor, RESULTS.c.target, RESULTS.c.started_at, RESULTS.c.id)
-                .where(*_conditions(name, target, None, since, None))
+                .where(*_conditions(name, target, None, since, until))
                 .order_by(RESULTS.c.started_at, RESULTS.c.id)
             )
             for monitor, tgt, started, rid in self._rows(query):
@@ -365,6 +368,72 @@ class Queries:
             .order_by(CYCLES.c.monitor)
         )
         return [(r[0], int(r[1]), int(r[2] or 0)) for r in self._rows(query)]
+
+    # -- alerts and studies (written by the analysis and tuning layers; read as stored) -------
+
+    def alerts(
+        self,
+        *,
+        target: str | None = None,
+        monitor: str | None = None,
+        cause: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """(total, rows) of the alerts detected in [since, until), newest first."""
+        where: list[ColumnElement[bool]] = []
+        if target is not None:
+            where.append(ALERTS.c.target == target)
+        if monitor is not None:
+            where.append(ALERTS.c.monitor == monitor)
+        if cause is not None:
+            where.append(ALERTS.c.cause == cause)
+        if since is not None:
+            where.append(ALERTS.c.detected_at >= since)
+        if until is not None:
+            where.append(ALERTS.c.detected_at < until)
+        total = self._rows(select(func.count()).select_from(ALERTS).where(*where))[0][0]
+        query = (
+            select(ALERTS)
+            .where(*where)
+            .order_by(ALERTS.c.detected_at.desc(), ALERTS.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
+        return int(total), [dict(r._mapping) for r in self._rows(query)]
+
+    def alert_counts(self) -> list[tuple[str, int]]:
+        """(cause, alerts) over the whole table."""
+        query = (
+            select(ALERTS.c.cause, func.count()).group_by(ALERTS.c.cause).order_by(ALERTS.c.cause)
+        )
+        return [(r[0], int(r[1])) for r in self._rows(query)]
+
+    def studies(
+        self,
+        *,
+        target: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """(total, rows) of the studies, newest first."""
+        where: list[ColumnElement[bool]] = []
+        if target is not None:
+            where.append(STUDIES.c.target == target)
+        if kind is not None:
+            where.append(STUDIES.c.kind == kind)
+        total = self._rows(select(func.count()).select_from(STUDIES).where(*where))[0][0]
+        query = (
+            select(STUDIES)
+            .where(*where)
+            .order_by(STUDIES.c.started_at.desc(), STUDIES.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
+        return int(total), [dict(r._mapping) for r in self._rows(query)]
 
 
 def _aware(value: datetime | str | None) -> datetime | None:

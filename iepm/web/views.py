@@ -199,6 +199,87 @@ def aggregate(frame: Frame, key: str, period: Period) -> list[dict[str, Any]]:
     return out
 
 
+# -- alerts and studies ----------------------------------------------------------------------
+
+# Alerts and studies shown on a page (the API pages through all of them).
+PAGE_ROWS = 50
+
+
+def _facts_text(value: Any) -> str:
+    """A JSON object as short ``key=value`` text for a table cell."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_facts_text(v)}" for k, v in sorted(value.items()))
+    if isinstance(value, list):
+        return "[" + ", ".join(_facts_text(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def alerts_table(rows: list[dict[str, Any]], total: int, scope: str) -> Table:
+    return Table(
+        "alerts",
+        f"alerts {scope} ({total}, newest first)",
+        [
+            col("detected_at", "when the change was detected, UTC"),
+            col("change_at", "when the series changed, UTC"),
+            col("monitor", "monitoring host"),
+            col("target", "target name"),
+            col("metric", "probe.metric that changed, unit in the name"),
+            col("direction", "up or down"),
+            col("before", "level before the change, in the metric's unit"),
+            col("after", "level after the change, in the metric's unit"),
+            col("change_percent", "(after - before) / before, percent"),
+            col("cause", "likely cause: route, host, tuning or unknown"),
+            col("details", "the evidence for the cause"),
+        ],
+        [
+            [
+                r["detected_at"],
+                r["change_at"],
+                r["monitor"],
+                r["target"],
+                r["metric"] if "." in r["metric"] else f"{r['probe']}.{r['metric']}",
+                r["direction"],
+                r["before"],
+                r["after"],
+                r["change_percent"],
+                r["cause"],
+                _facts_text(r["details"]),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def studies_table(rows: list[dict[str, Any]], total: int) -> Table:
+    return Table(
+        "studies",
+        f"tuning, duration and impact studies ({total}, newest first)",
+        [
+            col("started_at", "start of the study, UTC"),
+            col("finished_at", "end of the study, UTC (empty: still running or cut short)"),
+            col("kind", "what was studied"),
+            col("monitor", "monitoring host"),
+            col("partial", "1 when the study was interrupted"),
+            col("points", "measurements taken"),
+            col("summary", "what it concluded"),
+        ],
+        [
+            [
+                r["started_at"],
+                r["finished_at"],
+                r["kind"],
+                r["monitor"],
+                1 if r["partial"] else 0,
+                len(r["data"]) if isinstance(r["data"], list | dict) else None,
+                _facts_text(r["summary"]),
+            ]
+            for r in rows
+        ],
+    )
+
+
 # -- overview --------------------------------------------------------------------------------
 
 
@@ -315,13 +396,179 @@ def overview(q: Queries, now: datetime) -> dict[str, Any]:
         [list(r) for r in q.cycle_counts()],
     )
     silent = sorted(set(q.targets()) - set(targets))
+    means: dict[tuple[str, str], float] = {}
+    for (monitor, target, probe), idx in paths.items():
+        if probe == "iperf3":
+            values = frame.values["throughput_bps"][np.array(idx)][ok[np.array(idx)]]
+            values = values[np.isfinite(values)]
+            if len(values):
+                means[(monitor, target)] = float(values.mean())
+    routes = route_map(q.latest("traceroute", None, since, now + timedelta(minutes=5)), means)
+    alert_total, alert_rows = q.alerts(since=since, until=now, limit=PAGE_ROWS)
+    alerts = alerts_table(alert_rows, alert_total, "in the last 28 days")
     return {
         "monitors": monitors,
         "targets": targets,
         "cells": cells,
         "silent": silent,
-        "tables": {t.name: t for t in (grid, outcomes, cycles)},
+        "routes": routes,
+        "tables": {t.name: t for t in (grid, outcomes, cycles, alerts, *routes["tables"])},
     }
+
+
+# -- route map -------------------------------------------------------------------------------
+
+MAP_COLUMN_PX = 150
+MAP_ROW_PX = 34
+MAP_MARGIN_PX = 24
+
+
+@dataclass
+class MapNode:
+    id: str
+    label: str
+    kind: Literal["monitor", "hop", "silent", "target"]
+    column: int
+    x: float = 0.0
+    y: float = 0.0
+    title: str = ""
+    sublabel: str = ""
+
+
+@dataclass
+class MapEdge:
+    a: str
+    b: str
+    paths: list[str] = field(default_factory=list)
+    reached: bool = True
+
+
+def route_map(traces: list[Any], throughput: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """The graph of the hops seen by each path's latest traceroute, shared hops and links
+    merged (as the seeds' Figure 1): monitors on the left, one column per TTL, every target
+    labelled with its mean iperf3 throughput over 28 days. A silent hop (``*``) belongs to its
+    path alone: nothing says two silent hops are one router. ``traces`` are Result envelopes;
+    ``throughput`` maps (monitor, target) to the mean.
+
+    Returns the laid-out ``nodes`` and ``edges`` (pixels), the SVG size and two tables."""
+    nodes: dict[str, MapNode] = {}
+    edges: dict[tuple[str, str], MapEdge] = {}
+    order: list[str] = []
+    path_rows: list[list[Any]] = []
+
+    def node(key: str, label: str, kind: Any, column: int, title: str = "") -> str:
+        if key not in nodes:
+            nodes[key] = MapNode(key, label, kind, column, title=title)
+            order.append(key)
+        else:  # a router seen at several TTLs sits at the earliest
+            nodes[key].column = min(nodes[key].column, column)
+        return key
+
+    for trace in sorted(traces, key=lambda r: (r.target, r.monitor)):
+        path = f"{trace.monitor} → {trace.target}"
+        previous = node(f"monitor:{trace.monitor}", trace.monitor, "monitor", 0, "monitor")
+        hops = [h for h in (trace.data.get("hops") or []) if isinstance(h, dict)]
+        reached = bool(trace.data.get("reached")) and trace.succeeded
+        destination = trace.data.get("destination_address") or trace.target_address
+        column = 0
+        for hop in hops:
+            address = hop.get("address")
+            ttl = int(hop.get("ttl") or column + 1)
+            column = ttl
+            if reached and address == destination:
+                break  # the destination is drawn as the target node
+            if address:
+                key = node(f"hop:{address}", str(address), "hop", ttl, str(address))
+            else:
+                key = node(
+                    f"silent:{path}:{ttl}", "*", "silent", ttl, f"silent hop {ttl} of {path}"
+                )
+            edges.setdefault((previous, key), MapEdge(previous, key)).paths.append(path)
+            previous = key
+        mean = throughput.get((trace.monitor, trace.target))
+        target_key = node(
+            f"target:{trace.target}",
+            trace.target,
+            "target",
+            max(column, 1),
+            f"{trace.target} ({trace.target_address})",
+        )
+        nodes[target_key].sublabel = _bps_text(mean)
+        edge = edges.setdefault((previous, target_key), MapEdge(previous, target_key))
+        edge.paths.append(path)
+        edge.reached = edge.reached and reached
+        path_rows.append(
+            [
+                trace.monitor,
+                trace.target,
+                trace.started_at,
+                trace.outcome.value,
+                1 if reached else 0,
+                route_of(trace.data),
+                mean,
+            ]
+        )
+    # Targets in the last column, so routes of different lengths end aligned.
+    last = max((n.column for n in nodes.values()), default=0)
+    for n in nodes.values():
+        if n.kind == "target":
+            n.column = max(last, 1)
+    # Room on the left for the monitors' names (written left of their node).
+    left = MAP_MARGIN_PX + 7 * max(
+        (len(n.label) for n in nodes.values() if n.kind == "monitor"), default=0
+    )
+    rows_in: dict[int, int] = defaultdict(int)
+    for key in order:  # first seen first: each path's hops stay near each other
+        n = nodes[key]
+        n.x = left + n.column * MAP_COLUMN_PX
+        n.y = MAP_MARGIN_PX + rows_in[n.column] * MAP_ROW_PX
+        rows_in[n.column] += 1
+    height = MAP_MARGIN_PX * 2 + max(rows_in.values(), default=0) * MAP_ROW_PX
+    width = left + MAP_MARGIN_PX + last * MAP_COLUMN_PX + 160
+    links = Table(
+        "route_links",
+        "links of the route map (hops merged across paths)",
+        [
+            col("from", "monitor or hop address (* silent)"),
+            col("to", "hop address (* silent) or target name"),
+            col("paths", "paths (monitor -> target) whose latest traceroute uses the link"),
+            col("path_count", "number of such paths"),
+        ],
+        [
+            [nodes[e.a].label, nodes[e.b].label, "; ".join(e.paths), len(e.paths)]
+            for e in edges.values()
+        ],
+    )
+    routes = Table(
+        "route_paths",
+        "latest traceroute of each path with its mean throughput",
+        [
+            col("monitor", "monitoring host"),
+            col("target", "target name"),
+            col("started_at", "start of the latest traceroute, UTC"),
+            col("outcome", "outcome of that traceroute"),
+            col("reached", "1 when the traceroute reached the target"),
+            col("route", "hop addresses in TTL order, * for a silent hop"),
+            col("throughput_bps_mean", "mean iperf3 throughput over 28 days, bit/s"),
+        ],
+        path_rows,
+    )
+    return {
+        "nodes": [nodes[k] for k in order],
+        "edges": [(nodes[e.a], nodes[e.b], e) for e in edges.values()],
+        "width": width,
+        "height": max(height, 60),
+        "tables": [links, routes],
+    }
+
+
+def _bps_text(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "no throughput"
+    for scale, unit in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} bit/s"
 
 
 # -- target page -----------------------------------------------------------------------------
@@ -484,6 +731,16 @@ def _facts(doc: tuple[datetime, str, dict[str, Any]] | None) -> Table:
     )
 
 
+def _alerts_of(q: Queries, target: str, now: datetime) -> tuple[list[dict[str, Any]], int]:
+    total, rows = q.alerts(target=target, until=now, limit=PAGE_ROWS)
+    return rows, total
+
+
+def _studies_of(q: Queries, target: str) -> tuple[list[dict[str, Any]], int]:
+    total, rows = q.studies(target=target, limit=PAGE_ROWS)
+    return rows, total
+
+
 def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> dict[str, Any]:
     # The monitors of the last 28 days (cheap through the index), else of all time.
     monitors = q.target_monitors(target, since=now - HISTORY) or q.target_monitors(target)
@@ -528,6 +785,8 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             _facts(
                 latest_document(q, "load", target, monitor) or latest_document(q, "load", target)
             ),
+            alerts_table(*_alerts_of(q, target, now), f"of {target}"),
+            studies_table(*_studies_of(q, target)),
         )
     }
 

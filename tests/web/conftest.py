@@ -18,6 +18,7 @@ from iepm.results import Result
 from iepm.store import Archive
 from iepm.web.app import create_app
 from tests.web import data
+from tests.web.browser import browser, page  # noqa: F401  (fixtures for the browser tests)
 
 LOOPBACK = "loopback"
 

@@ -142,6 +142,11 @@ def test_aggregates_per_week_equal_independent_means(client: TestClient, archive
         ("/compare?x=ping.bogus", 422, "query.x"),
         ("/targets/cern-1/tables/nope", 404, "no table 'nope'"),
         ("/aggregate/cern-1?view=fortnight", 422, "query.view"),
+        ("/api/v1/alerts?target=atlantis", 404, "unknown target"),
+        ("/api/v1/alerts?limit=0", 422, "query.limit"),
+        ("/api/v1/alerts?until=noon", 422, "query.until"),
+        ("/api/v1/studies?target=atlantis", 404, "unknown target"),
+        ("/api/v1/studies?offset=x", 422, "query.offset"),
     ],
 )
 def test_bad_input_is_a_4xx_with_a_message(
@@ -414,3 +419,61 @@ def test_openapi_documents_the_api(client: TestClient) -> None:
         assert path in spec["paths"]
     params = {p["name"] for p in spec["paths"]["/api/v1/results"]["get"]["parameters"]}
     assert {"probe", "target", "since", "until", "outcome", "limit", "offset"} <= params
+
+
+# -- alerts and studies (tables written by the analysis and tuning layers) -------------------
+
+
+def alert_rows(archive: Archive) -> list[dict[str, object]]:
+    from iepm.store import schema
+
+    with archive.reading("reading alerts") as conn:
+        return [dict(r._mapping) for r in conn.execute(schema.alerts.select())]
+
+
+def test_alerts_api_filters_and_pages(client: TestClient, archive: Archive) -> None:
+    stored = alert_rows(archive)
+    body = client.get("/api/v1/alerts").json()
+    assert body["total"] == len(stored) == 3
+    newest_first = sorted(stored, key=lambda r: r["detected_at"], reverse=True)  # type: ignore
+    assert [a["id"] for a in body["alerts"]] == [r["id"] for r in newest_first]
+    kek = client.get("/api/v1/alerts?target=kek-3&limit=1&offset=1").json()
+    assert kek["total"] == 2 and [a["cause"] for a in kek["alerts"]] == ["host"]
+    since = format_time(data.END - timedelta(days=28))
+    recent = client.get(f"/api/v1/alerts?since={since}&cause=unknown").json()
+    assert [a["id"] for a in recent["alerts"]] == ["alert-2"]
+    assert recent["alerts"][0]["change_percent"] == -33.3
+    bad = client.get("/api/v1/alerts?since=yesterday")
+    assert bad.status_code == 422 and "query.since" in bad.json()["detail"]
+
+
+def test_alerts_on_overview_and_target_page(client: TestClient, archive: Archive) -> None:
+    window = data.END - timedelta(days=28)
+    recent = [r for r in alert_rows(archive) if r["detected_at"] >= window]  # type: ignore
+    rows = csv_rows(client, f"/tables/alerts?until={END}")
+    assert sorted(r["target"] for r in rows) == sorted(str(r["target"]) for r in recent)
+    page = client.get(f"/?until={END}").text
+    assert 'id="table-alerts"' in page and "route" in page
+    cern = csv_rows(client, f"/targets/cern-1/tables/alerts?until={END}")
+    assert [(r["metric"], r["cause"], r["after"]) for r in cern] == [
+        ("ping.rtt_avg_ms", "route", "163.5")
+    ]
+    studies = csv_rows(client, f"/targets/cern-1/tables/studies?until={END}")
+    assert [(r["kind"], r["partial"], r["points"]) for r in studies] == [
+        ("duration", "1", "1"),
+        ("tuning", "0", "4"),
+    ]
+    assert "window=4M" in studies[1]["summary"]
+    api = client.get("/api/v1/studies?target=cern-1&kind=tuning").json()
+    assert api["total"] == 1 and api["studies"][0]["summary"] == {"window": "4M", "streams": 4}
+
+
+def test_metrics_count_alerts_by_cause(client: TestClient, archive: Archive) -> None:
+    text = client.get("/metrics").text
+    samples = {
+        s.labels["cause"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "iepm_alerts"
+        for s in family.samples
+    }
+    assert samples == dict(Counter(str(r["cause"]) for r in alert_rows(archive)))

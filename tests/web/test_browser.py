@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,31 +17,11 @@ from iepm.results import format_time
 from iepm.web.cli import ServerHandle, serve_in_background
 from tests.helpers import free_port
 from tests.web import data
+from tests.web.browser import PAINTED, series_count, shoot
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-SCREENSHOTS = Path(__file__).parent / "screenshots"
 END = format_time(data.END)
-
-# Counts the painted pixels of a chart's canvas (uPlot draws everything on one canvas).
-PAINTED = """id => {
-  const c = document.querySelector('#chart-' + id + ' canvas');
-  const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-  let n = 0;
-  for (let i = 3; i < px.length; i += 4) if (px[i] !== 0) n++;
-  return n;
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -52,52 +31,6 @@ def server(archive_url: str) -> Iterator[str]:
         yield handle.url.rstrip("/")
     finally:
         handle.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        reason = f"{CHROMIUM} is missing (Debian: apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser tests must run in CI: {reason}")
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(accept_downloads=True, viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    # Offline by design: any request to another host is a bug.
-    page.route(
-        "**/*",
-        lambda route: (
-            route.continue_() if route.request.url.startswith("http://127.0.0.1") else route.abort()
-        ),
-    )
-    yield page
-    context.close()
-    assert not errors, errors
-
-
-def shoot(page: Any, name: str) -> None:
-    SCREENSHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
-
-
-def series_count(page: Any, chart: str) -> int:
-    return int(page.evaluate(f"window.iepmCharts[{chart!r}].series.length - 1"))
 
 
 def test_overview(page: Any, server: str) -> None:

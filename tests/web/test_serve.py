@@ -72,6 +72,9 @@ def test_empty_archive_serves_every_page(tmp_path: Path) -> None:
             "/metrics",
             "/api/v1/results",
             "/tables/paths?format=tsv",
+            "/api/v1/alerts",
+            "/api/v1/studies",
+            "/tables/alerts",
         ]:
             response = client.get(url)
             assert response.status_code == 200, (url, response.text)

@@ -50,6 +50,11 @@
     // A fit through the origin is only judged by eye when the origin is on the plot.
     const fromZero = (u, min, max) => [0, max > 0 ? max * 1.05 : 1];
     const scales = { x: scatterPlot ? { time: false, range: fromZero } : { time: time } };
+    // One distinct x (a single week, a first cycle): uPlot would span years around it.
+    const xs = spec.x.filter(v => v != null);
+    if (time && xs.length && Math.min(...xs) === Math.max(...xs)) {
+      scales.x.range = () => [xs[0] - 3 * 86400, xs[0] + 3 * 86400];
+    }
     const seen = {};
     spec.series.forEach((s, i) => {
       const axis = s.axis || 1;

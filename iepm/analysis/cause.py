@@ -1,0 +1,231 @@
+"""What else changed when a series stepped: the route, the host, or the tuning (the seeds'
+"pin-point whether it is the host, the network or the application").
+
+Around a change there are three moments: the last sample of the old level (``last_before``),
+the first sample of the new one (``change_at``) and now. Results that started within half a
+sampling interval of ``last_before`` are ambiguous: probes of one cycle run side by side, so a
+traceroute of that cycle may have seen the new route although its ping still saw the old
+level. So the *before* state is the latest result started at least half an interval before
+``last_before``; the *after* states are the results started from half an interval before
+``change_at`` until now. A cause is found when some after state differs from the before state:
+
+- ``route``: a traceroute's hop list (silent hops match any address);
+- ``host``: the load probe's host facts: kernel, CPU count, NIC speeds and MTUs, TCP buffer
+  limits, congestion control;
+- ``tuning``: tuned parameters stored for the path in that time (table ``tuned_params``), or the
+  parameters the changed probe actually ran with (``params`` of its results).
+
+The first found in that order is the alert's ``cause`` (``unknown`` when none); ``details`` keeps
+all the evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from iepm.results import Result, format_time, utcnow
+from iepm.store import Archive
+from iepm.store.schema import tuned_params
+
+Route = list[str | None]
+HOST_FACTS = (
+    "kernel_release",
+    "cpu_count",
+    "tcp_congestion_control",
+    "tcp_rmem_bytes",
+    "tcp_wmem_bytes",
+    "rmem_max_bytes",
+    "wmem_max_bytes",
+)
+# A handful of results per window is enough: the state just before, and the few after.
+WINDOW_LIMIT = 20
+
+
+def route_of(result: Result) -> Route | None:
+    """The hop addresses of a successful traceroute (None for a silent hop)."""
+    hops = result.data.get("hops")
+    if not result.succeeded or not isinstance(hops, list) or not hops:
+        return None
+    return [h.get("address") if isinstance(h, dict) else None for h in hops]
+
+
+def same_route(a: Sequence[str | None], b: Sequence[str | None]) -> bool:
+    """Equal hop by hop; a silent hop (None) matches any address."""
+    if len(a) != len(b):
+        return False
+    return all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
+
+
+def host_facts(result: Result) -> dict[str, Any] | None:
+    """The facts of a load result that explain throughput, without the ones that always move
+    (load averages, free memory, clock)."""
+    if not result.succeeded or not result.data:
+        return None
+    facts = {k: result.data.get(k) for k in HOST_FACTS}
+    nics = result.data.get("nics")
+    if isinstance(nics, dict):
+        for name, nic in sorted(nics.items()):
+            if isinstance(nic, dict):
+                facts[f"nic.{name}.speed_mbps"] = nic.get("speed_mbps")
+                facts[f"nic.{name}.mtu_bytes"] = nic.get("mtu_bytes")
+    return facts
+
+
+def _diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
+    return {
+        k: [before.get(k), after.get(k)]
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k)
+    }
+
+
+class _Windows:
+    def __init__(
+        self,
+        archive: Archive,
+        monitor: str,
+        target: str,
+        last_before: datetime,
+        change_at: datetime,
+        now: datetime,
+    ) -> None:
+        self.archive = archive
+        self.monitor = monitor
+        self.target = target
+        guard = (change_at - last_before) / 2
+        self.before_end = last_before - guard
+        self.after_start = change_at - guard
+        self.now = now
+
+    def before(self, probe: str) -> list[Result]:
+        """The latest results before the change, newest first."""
+        return list(
+            self.archive.results(
+                probe=probe,
+                target=self.target,
+                monitor=self.monitor,
+                until=self.before_end + timedelta(microseconds=1),
+                order="desc",
+                limit=WINDOW_LIMIT,
+            )
+        )
+
+    def after(self, probe: str) -> list[Result]:
+        """Results from the change until now, oldest first."""
+        return list(
+            self.archive.results(
+                probe=probe,
+                target=self.target,
+                monitor=self.monitor,
+                since=self.after_start,
+                until=self.now + timedelta(microseconds=1),
+                limit=WINDOW_LIMIT,
+            )
+        )
+
+
+def _route_evidence(w: _Windows) -> dict[str, Any] | None:
+    before = next(
+        ((r, route) for r in w.before("traceroute") if (route := route_of(r)) is not None), None
+    )
+    if before is None:
+        return None
+    old_result, old = before
+    new = [(r, route) for r in w.after("traceroute") if (route := route_of(r)) is not None]
+    changed = [(r, route) for r, route in new if not same_route(old, route)]
+    if not changed:
+        return None
+    r, route = changed[-1]
+    return {
+        "before": old,
+        "after": route,
+        "before_at": format_time(old_result.started_at),
+        "after_at": format_time(r.started_at),
+        "traceroutes_after": len(new),
+        "differing_after": len(changed),
+    }
+
+
+def _host_evidence(w: _Windows) -> dict[str, Any] | None:
+    before = next(((r, f) for r in w.before("load") if (f := host_facts(r)) is not None), None)
+    if before is None:
+        return None
+    old_result, old = before
+    for r in reversed(w.after("load")):
+        facts = host_facts(r)
+        if facts is None:
+            continue
+        changed = _diff(old, facts)
+        if changed:
+            return {
+                "changed": changed,
+                "before_at": format_time(old_result.started_at),
+                "after_at": format_time(r.started_at),
+            }
+        return None
+    return None
+
+
+def _tuning_evidence(w: _Windows, probe: str) -> dict[str, Any] | None:
+    evidence: dict[str, Any] = {}
+    query = select(tuned_params).where(
+        (tuned_params.c.monitor == w.monitor)
+        & (tuned_params.c.target == w.target)
+        & (tuned_params.c.set_at > w.before_end)
+        & (tuned_params.c.set_at <= w.now)
+    )
+    with w.archive.reading(f"cannot read tuned parameters of {w.target}") as conn:
+        rows = [dict(r) for r in conn.execute(query).mappings()]
+    if rows:
+        evidence["tuned_params"] = [
+            {
+                "probe": r["probe"],
+                "params": r["params"],
+                "study_id": r["study_id"],
+                "set_at": format_time(r["set_at"]),
+            }
+            for r in rows
+        ]
+    before = w.before(probe)
+    after = w.after(probe)
+    if before and after:
+        changed = _diff(before[0].params, after[-1].params)
+        if changed:
+            evidence["params"] = changed
+    return evidence or None
+
+
+def attribute(
+    archive: Archive,
+    *,
+    monitor: str,
+    target: str,
+    probe: str,
+    last_before: datetime,
+    change_at: datetime,
+    now: datetime | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """(cause, details) for a change on ``target`` between ``last_before`` and ``change_at``."""
+    w = _Windows(archive, monitor, target, last_before, change_at, now or utcnow())
+    details: dict[str, Any] = {
+        "compared": {
+            "before_until": format_time(w.before_end),
+            "after_from": format_time(w.after_start),
+            "after_until": format_time(w.now),
+        }
+    }
+    causes = []
+    for name, evidence in (
+        ("route", _route_evidence(w)),
+        ("host", _host_evidence(w)),
+        ("tuning", _tuning_evidence(w, probe)),
+    ):
+        if evidence is not None:
+            details[name] = evidence
+            causes.append(name)
+    details["causes"] = causes
+    return (causes[0] if causes else "unknown"), details

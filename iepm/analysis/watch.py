@@ -1,0 +1,348 @@
+"""The alert watcher: fed every stored result, it runs the online step detector per path and
+metric, and turns each detection into a stored, attributed and delivered alert.
+
+Series watched (``RULES``): iperf3 ``throughput_bps``, ping ``rtt_avg_ms`` and ping
+``loss_percent``. A failed run is no sample (a failed iperf3 has no throughput; it is not 0),
+except for loss: a ping that got no reply at all is a sample of 100% loss.
+
+Each series has its own :class:`~iepm.analysis.changes.OnlineDetector` with floors that keep
+alerts meaningful to people (a change must be ≥ 15% of the throughput, ≥ 5% and ≥ 0.5 ms of the
+RTT, ≥ 2 percentage points of loss) and ``confirm = 3``: an alert is raised at the third sample
+of a new level, never on a single outlier. When the watcher first meets a series (e.g. after a
+restart) it replays the last ``history`` results from the archive, so it neither needs a new
+warm-up nor raises alerts about the past.
+
+On a detection the cause is looked up (:func:`iepm.analysis.cause.attribute`), the alert is
+stored in the ``alerts`` table and queued for the webhook (:mod:`iepm.analysis.webhook`).
+
+For the adaptive scheduler (:mod:`iepm.analysis.adaptive`) the watcher also keeps, per bandwidth
+series, the ensemble forecast of the next sample with its 80% interval and the number of calm
+samples in a row (not deviant for the step detector, forecast interval narrow), and it knows
+when a change is *suspected* on a target: a detector holds deviant samples awaiting
+confirmation, an alert was raised this cycle or the last, or the route changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+
+from iepm.analysis.alerts import Alert, finite_or_none, store_alert
+from iepm.analysis.cause import Route, attribute, route_of, same_route
+from iepm.analysis.changes import ChangePoint, OnlineDetector
+from iepm.analysis.forecast import forecast_next
+from iepm.analysis.series import AnalysisError
+from iepm.analysis.webhook import Notifier, WebhookSender
+from iepm.config import Config
+from iepm.results import Result, utcnow
+from iepm.store import Archive
+
+log = logging.getLogger(__name__)
+
+HISTORY = 200  # results replayed when a series is first met
+FORECAST_HISTORY = 60  # samples the cadence's forecast looks at
+
+
+@dataclass(frozen=True)
+class Rule:
+    probe: str
+    metric: str
+    detector: dict[str, float | int] = field(default_factory=dict)
+    forecast: bool = False  # keep a forecast (for the adaptive cadence)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("iperf3", "throughput_bps", {"min_relative": 0.15, "confirm": 3}, forecast=True),
+    Rule("ping", "rtt_avg_ms", {"min_relative": 0.05, "min_absolute": 0.5, "confirm": 3}),
+    Rule("ping", "loss_percent", {"min_relative": 0.5, "min_absolute": 2.0, "confirm": 3}),
+)
+
+
+def metric_value(result: Result, metric: str) -> float | None:
+    """The sample ``result`` gives for ``metric``, or None when it gives none."""
+    if metric == "loss_percent" and result.probe == "ping":
+        if not (result.data.get("packets_sent") or 0) > 0:
+            return None
+    elif not result.succeeded:
+        return None
+    value = result.data.get(metric)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _unix(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _moment(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+@dataclass
+class Track:
+    """One series: its detector, its recent samples and its forecast state."""
+
+    rule: Rule
+    detector: OnlineDetector
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    times: dict[int, float] = field(default_factory=dict)  # detector index → time
+    count: int = 0
+    # Forecast of the next sample: (forecast, lower, upper), its relative width, and how many
+    # samples in a row were calm: no deviant sample, a narrow forecast (the cadence's measure).
+    next_interval: tuple[float, float, float] | None = None
+    calm_streak: int = 0
+    last_width: float = math.inf
+
+    def spacing(self) -> float:
+        """Median time between recent samples (s); 0 with fewer than two."""
+        if len(self.samples) < 2:
+            return 0.0
+        t = np.fromiter((s[0] for s in self.samples), dtype=np.float64)
+        return float(np.median(np.diff(t[-21:])))
+
+    def feed(self, t: float, value: float) -> ChangePoint | None:
+        index = self.count
+        self.count += 1
+        self.times[index] = t
+        # Only the pending run and the sample before it can be named by an alert.
+        for old in [i for i in self.times if i < index - 4 * self.detector.confirm - 2]:
+            del self.times[old]
+        self.samples.append((t, value))
+        return self.detector.update(value)
+
+
+class AlertWatcher:
+    """Observes stored results; raises, attributes, stores and delivers alerts."""
+
+    def __init__(
+        self,
+        archive: Archive,
+        monitor: str,
+        *,
+        notifier: Notifier | None = None,
+        store: bool = True,
+        narrow: float = 0.2,
+        forecasts: bool = False,
+        rules: Iterable[Rule] = RULES,
+        history: int = HISTORY,
+    ) -> None:
+        self.archive = archive
+        self.monitor = monitor
+        self.notifier = notifier
+        self.store = store
+        self.narrow = narrow
+        self.forecasts = forecasts  # only the adaptive cadence needs them (~50 ms per sample)
+        self.rules = tuple(rules)
+        self.history = history
+        self.tracks: dict[tuple[str, str, str], Track] = {}
+        self.alerts: list[Alert] = []  # raised since this watcher started, oldest first
+        self.cycle = 0
+        self._routes: dict[str, Route] = {}
+        self._suspect_until: dict[str, int] = {}
+
+    # -- the scheduler's hooks ---------------------------------------------------------------
+
+    def cycle_started(self) -> None:
+        self.cycle += 1
+        if self.notifier is not None:
+            self.notifier.redeliver(self.monitor)
+
+    def observe(self, result: Result) -> list[Alert]:
+        """Feed one stored result; returns the alerts it raised."""
+        if result.monitor != self.monitor:
+            return []
+        if result.probe == "traceroute":
+            self._watch_route(result)
+        raised = []
+        for rule in self.rules:
+            if rule.probe != result.probe:
+                continue
+            value = metric_value(result, rule.metric)
+            if value is None:
+                continue
+            track = self._track(rule, result)
+            t = _unix(result.started_at)
+            cp = track.feed(t, value)
+            if rule.forecast and self.forecasts:
+                self._forecast(track)
+                calm = cp is None and not track.detector.pending and track.last_width <= self.narrow
+                track.calm_streak = track.calm_streak + 1 if calm else 0
+            if cp is not None:
+                alert = self._raise(track, result, cp)
+                if alert is not None:
+                    raised.append(alert)
+        return raised
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if self.notifier is not None:
+            self.notifier.close(timeout_s)
+
+    # -- what the cadence asks -----------------------------------------------------------------
+
+    def suspected(self, target: str) -> str | None:
+        """Why a change is suspected on ``target`` now, or None."""
+        if self._suspect_until.get(target, -1) >= self.cycle:
+            return "a change was seen on this path in the last cycle"
+        for (tgt, probe, metric), track in self.tracks.items():
+            if tgt == target and track.detector.pending:
+                return f"{probe} {metric} left its usual range"
+        return None
+
+    def track(self, target: str, probe: str, metric: str) -> Track | None:
+        return self.tracks.get((target, probe, metric))
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _suspect(self, target: str) -> None:
+        self._suspect_until[target] = self.cycle + 1
+
+    def _watch_route(self, result: Result) -> None:
+        route = route_of(result)
+        if route is None:
+            return
+        old = self._routes.get(result.target)
+        if old is not None and not same_route(old, route):
+            self._suspect(result.target)
+        self._routes[result.target] = route
+
+    def _track(self, rule: Rule, result: Result) -> Track:
+        key = (result.target, rule.probe, rule.metric)
+        track = self.tracks.get(key)
+        if track is not None:
+            return track
+        track = Track(rule, OnlineDetector(**rule.detector))  # type: ignore[arg-type]
+        self.tracks[key] = track
+        past = list(
+            self.archive.results(
+                probe=rule.probe,
+                target=result.target,
+                monitor=self.monitor,
+                until=result.started_at,
+                order="desc",
+                limit=self.history,
+            )
+        )
+        for old in reversed(past):
+            value = metric_value(old, rule.metric)
+            if value is not None:
+                track.feed(_unix(old.started_at), value)  # replayed: the past raises nothing
+        if rule.forecast and self.forecasts:
+            self._forecast(track)
+        return track
+
+    def _forecast(self, track: Track) -> None:
+        """Forecast the next sample (at the usual spacing) with its 80% interval."""
+        if len(track.samples) < 6:
+            track.next_interval = None
+            return
+        recent = list(track.samples)[-FORECAST_HISTORY:]
+        t = np.array([s[0] for s in recent])
+        y = np.array([s[1] for s in recent])
+        try:
+            fc = forecast_next(t, y, float(t[-1]) + max(track.spacing(), 1.0))
+        except AnalysisError:
+            track.next_interval = None
+            return
+        track.next_interval = (fc.forecast, fc.lower, fc.upper)
+        track.last_width = (
+            (fc.upper - fc.lower) / abs(fc.forecast) if fc.forecast != 0 else math.inf
+        )
+
+    def _raise(self, track: Track, result: Result, cp: ChangePoint) -> Alert | None:
+        target, rule = result.target, track.rule
+        self._suspect(target)
+        change_t = track.times.get(cp.index, _unix(result.started_at))
+        last_before_t = track.times.get(cp.index - 1, change_t)
+        now = utcnow()
+        try:
+            cause, details = attribute(
+                self.archive,
+                monitor=self.monitor,
+                target=target,
+                probe=rule.probe,
+                last_before=_moment(last_before_t),
+                change_at=_moment(change_t),
+                now=now,
+            )
+        except Exception:  # attribution is a best effort: the alert itself must not be lost
+            log.exception("could not attribute the change of %s %s", target, rule.metric)
+            cause, details = "unknown", {"error": "attribution failed; see the monitor's log"}
+        details["samples_to_alert"] = (
+            (cp.alert_index - cp.index + 1) if cp.alert_index is not None else None
+        )
+        details["result_id"] = result.id
+        alert = Alert(
+            monitor=self.monitor,
+            target=target,
+            probe=rule.probe,
+            metric=rule.metric,
+            detected_at=now,
+            change_at=_moment(change_t),
+            direction=cp.direction,
+            before=finite_or_none(cp.before),
+            after=finite_or_none(cp.after),
+            change_percent=finite_or_none(cp.change_percent),
+            cause=cause,
+            details=details,
+        )
+        self.alerts.append(alert)
+        log.warning("alert: %s", alert.summary)
+        if not self.store:
+            return alert
+        store_alert(self.archive, alert)
+        if self.notifier is not None:
+            self.notifier.submit(alert)
+        return alert
+
+
+def metric_series(
+    archive: Archive,
+    *,
+    target: str,
+    probe: str,
+    metric: str,
+    monitor: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Unix times, values) of one metric of a path from the archive, for the analyses."""
+    t: list[float] = []
+    y: list[float] = []
+    for r in archive.results(probe=probe, target=target, monitor=monitor, since=since, until=until):
+        value = metric_value(r, metric)
+        if value is not None:
+            t.append(_unix(r.started_at))
+            y.append(value)
+    return np.asarray(t, dtype=np.float64), np.asarray(y, dtype=np.float64)
+
+
+def watcher_for(config: Config, archive: Archive) -> AlertWatcher | None:
+    """The watcher ``[monitor]`` asks for: alerts (with the webhook when a URL is set), or only
+    the series state the adaptive cadence needs; None when neither is on."""
+    m = config.monitor
+    if not (m.alerts or m.adaptive):
+        return None
+    notifier = None
+    if m.alerts and m.webhook_url:
+        sender = WebhookSender(
+            m.webhook_url,
+            timeout_s=m.webhook_timeout_s,
+            attempts=m.webhook_attempts,
+            total_s=m.webhook_attempts * (m.webhook_timeout_s + 8.0),
+        )
+        notifier = Notifier(archive, sender)
+    return AlertWatcher(
+        archive,
+        m.name,
+        notifier=notifier,
+        store=m.alerts,
+        narrow=m.adaptive_narrow_percent / 100.0,
+        forecasts=m.adaptive,
+    )

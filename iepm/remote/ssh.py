@@ -1,0 +1,255 @@
+"""Agentless targets: start the test server over SSH, kill it and its files afterwards.
+
+What IEPM-BW learnt the hard way, and what this module does about it:
+
+* a lost key left tests hanging at a password prompt → only public-key authentication is
+  offered (no password, keyboard-interactive, GSS or agent), no config file is read, and every
+  step (connect + log in, each remote command) has a deadline;
+* servers and files were left behind → the server runs under ``timeout -s KILL`` on the target
+  (so it dies at its deadline even if this monitor dies or the connection drops), in its own
+  process group (sshd makes the session a new group), and the stop step kills that group and
+  removes the test's directory;
+* host keys are always checked against ``known_hosts``.
+
+Commands are sent to the target's shell as one string (that is how SSH works); every word of
+them is quoted with ``shlex.quote``, so a value can never become shell syntax.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import shlex
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from iepm.errors import RemoteError
+from iepm.remote.netns import connect_in_netns
+
+log = logging.getLogger(__name__)
+
+# The server reports "Server listening on 5201" (iperf3 3.x) once it accepts connections.
+LISTENING = "Server listening on"
+STOP_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class SshServer:
+    port: int
+    pgid: int
+    workdir: str
+    ready_ms: float
+
+
+def _describe(exc: BaseException, where: str, step_s: float) -> str:
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return (
+            f"SSH to {where}: the target refused this monitor's key (public-key only, never a "
+            "password) — install the key with `iepm target add --mode ssh`, or it was revoked"
+        )
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return (
+            f"SSH to {where}: the host key is not in known_hosts or does not match — check it "
+            "and add it (`iepm target add --mode ssh` prints the ssh-keyscan line)"
+        )
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return (
+            f"SSH to {where}: no answer within the {step_s:g} s step deadline (host down, "
+            "firewall, or a server stuck before authentication)"
+        )
+    if isinstance(exc, ConnectionRefusedError):
+        return f"SSH to {where}: connection refused — is sshd running on that port?"
+    if isinstance(exc, FileNotFoundError | PermissionError | asyncssh.KeyImportError):
+        return f"SSH to {where}: cannot use the key or known_hosts file: {exc}"
+    return f"SSH to {where} failed: {type(exc).__name__}: {exc}"
+
+
+async def connect(access: Any, address: str, netns: str | None) -> asyncssh.SSHClientConnection:
+    """Log in with the key only, within ``step_timeout_s``; RemoteError says why not."""
+    step = float(access.step_timeout_s)
+    where = f"{access.user}@{address}:{access.port}"
+    options: dict[str, Any] = {
+        "username": access.user,
+        "client_keys": [str(Path(access.key_file).expanduser())],
+        "known_hosts": str(Path(access.known_hosts).expanduser()),
+        "config": None,  # no ~/.ssh/config: nothing may add password or agent auth
+        "agent_path": None,
+        "password_auth": False,
+        "kbdint_auth": False,
+        "gss_auth": False,
+        "gss_kex": False,
+        "host_based_auth": False,
+        "preferred_auth": "publickey",
+        "passphrase": None,
+        "connect_timeout": step,
+        "login_timeout": step,
+        "keepalive_interval": step,
+        "keepalive_count_max": 2,
+    }
+    try:
+        if netns is not None:
+            sock = await asyncio.to_thread(connect_in_netns, netns, address, access.port, step)
+            options["sock"] = sock
+            coro = asyncssh.connect(address, access.port, **options)
+        else:
+            coro = asyncssh.connect(address, access.port, **options)
+        return await asyncio.wait_for(coro, step + 1.0)
+    except (OSError, asyncssh.Error, TimeoutError, asyncssh.KeyImportError) as exc:
+        raise RemoteError(_describe(exc, where, step)) from None
+
+
+async def run_remote(
+    conn: asyncssh.SSHClientConnection, argv: list[str], step_s: float
+) -> asyncssh.SSHCompletedProcess:
+    """Run one command (argv, quoted word by word) with a deadline."""
+    try:
+        return await asyncio.wait_for(conn.run(shlex.join(argv), check=False), step_s)
+    except (TimeoutError, asyncssh.Error, OSError) as exc:
+        raise RemoteError(
+            f"remote command {argv[0]} failed: {_describe(exc, 'target', step_s)}"
+        ) from None
+
+
+def _start_command(access: Any, port: int, deadline_s: float) -> str:
+    """Make a private directory, report it and the process group, then become the server.
+
+    ``exec`` keeps the shell's PID, which sshd made a session and group leader; ``timeout``
+    kills the server at the deadline on the target itself."""
+    template = shlex.quote(access.work_dir.rstrip("/") + "/iepm-XXXXXXXX")
+    server = shlex.join(
+        [
+            "timeout",
+            "-s",
+            "KILL",
+            str(int(deadline_s)),
+            access.iperf3_path,
+            "-s",
+            "-1",
+            "-p",
+            str(port),
+            "--forceflush",
+        ]
+    )
+    return (
+        f'umask 077 && d=$(mktemp -d {template}) && cd "$d" && echo "iepm-dir $d" && '
+        f'echo "iepm-pgid $$" && exec {server}'
+    )
+
+
+def _stop_command(pgid: int, workdir: str) -> str:
+    group = shlex.quote(f"-{pgid}")
+    return (
+        f"kill -TERM -- {group} 2>/dev/null && sleep {STOP_GRACE_S}; "
+        f"kill -KILL -- {group} 2>/dev/null; rm -rf -- {shlex.quote(workdir)}; true"
+    )
+
+
+async def _await_ready(
+    process: asyncssh.SSHClientProcess[str], access: Any, step: float
+) -> tuple[str, int, list[str]]:
+    workdir, pgid, lines = "", 0, []
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + step
+    while True:
+        left = give_up - loop.time()
+        if left <= 0:
+            raise TimeoutError
+        line = await asyncio.wait_for(process.stdout.readline(), left)
+        if not line:
+            err = await asyncio.wait_for(process.stderr.read(), 1.0)
+            lines.append(err.strip())
+            break
+        lines.append(line.rstrip("\n"))
+        if line.startswith("iepm-dir "):
+            workdir = line[len("iepm-dir ") :].rstrip("\n")
+        elif line.startswith("iepm-pgid "):
+            pgid = int(line.split()[1])
+        elif LISTENING in line:
+            return workdir, pgid, lines
+    return workdir, pgid, lines
+
+
+def _start_failure(access: Any, where: str, said: str) -> str:
+    low = said.lower()
+    if "no space left" in low:
+        return (
+            f"{where}: the target's {access.work_dir} is full (No space left on device) — "
+            f"free space there or set ssh.work_dir; it said: {said}"
+        )
+    if "not found" in low and access.iperf3_path.split("/")[-1] in low:
+        return (
+            f"{where}: {access.iperf3_path} is not installed on the target "
+            f"(Debian: apt-get install iperf3); it said: {said}"
+        )
+    if "in use" in low:
+        return f"{where}: port {access.server_port} is in use on the target; it said: {said}"
+    return f"{where}: the iperf3 server did not start; it said: {said or '(nothing)'}"
+
+
+@contextlib.asynccontextmanager
+async def iperf3_server(
+    access: Any, address: str, test_s: float, *, netns: str | None = None
+) -> AsyncIterator[SshServer]:
+    """An ``iperf3 -s -1`` on the target for one test; always stopped and cleaned afterwards."""
+    step = float(access.step_timeout_s)
+    where = f"{access.user}@{address}"
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    conn = await connect(access, address, netns)
+    try:
+        deadline_s = test_s + 2 * step + 5
+        command = _start_command(access, access.server_port, deadline_s)
+        try:
+            process = await asyncio.wait_for(conn.create_process(command), step)
+            workdir, pgid, lines = await _await_ready(process, access, step)
+        except (TimeoutError, asyncssh.Error, OSError) as exc:
+            raise RemoteError(
+                f"{where}: starting the iperf3 server: {_describe(exc, where, step)}"
+            ) from None
+        ready = LISTENING in "\n".join(lines)
+        try:
+            if not ready:
+                raise RemoteError(_start_failure(access, where, " | ".join(x for x in lines if x)))
+            if not workdir.startswith(access.work_dir.rstrip("/") + "/iepm-") or pgid <= 1:
+                raise RemoteError(f"{where}: unexpected start-up output: {lines!r}")
+            yield SshServer(access.server_port, pgid, workdir, (loop.time() - t0) * 1000)
+        finally:
+            process.close()
+            if workdir.startswith(access.work_dir.rstrip("/") + "/iepm-") and pgid > 1:
+                try:
+                    await asyncio.wait_for(
+                        conn.run(_stop_command(pgid, workdir), check=False), step
+                    )
+                except (TimeoutError, asyncssh.Error, OSError) as exc:
+                    # The remote `timeout` still kills the server at its deadline.
+                    log.warning("%s: stopping the server failed (%s)", where, exc)
+    finally:
+        conn.close()
+        with contextlib.suppress(TimeoutError, asyncssh.Error, OSError):
+            await asyncio.wait_for(conn.wait_closed(), 2.0)
+
+
+async def check_target(access: Any, address: str, netns: str | None = None) -> dict[str, Any]:
+    """Log in and report what a test needs: iperf3's version and free space in work_dir."""
+    step = float(access.step_timeout_s)
+    conn = await connect(access, address, netns)
+    try:
+        version = await run_remote(conn, [access.iperf3_path, "--version"], step)
+        space = await run_remote(conn, ["df", "-Pk", access.work_dir], step)
+    finally:
+        conn.close()
+    out = str(version.stdout or "")
+    fields = str(space.stdout or "").splitlines()[-1:]
+    free_kb = None
+    if fields and re.match(r"^\S+\s+\d+\s+\d+\s+\d+", fields[0]):
+        free_kb = int(fields[0].split()[3])
+    return {
+        "iperf3": out.splitlines()[0] if version.exit_status == 0 and out else None,
+        "work_dir_free_bytes": None if free_kb is None else free_kb * 1024,
+    }

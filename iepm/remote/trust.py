@@ -1,0 +1,243 @@
+"""``agent.toml``: who may test this host, with what, and within which limits.
+
+Each monitor authenticates with its own bearer token; the agent keeps only the token's SHA-256
+(tokens are 256-bit random strings, so a plain hash is enough: nothing to brute-force). Errors
+name the file, the line and the field, as for ``targets.toml``::
+
+    agent.toml:14: monitors[0].limits.max_streams: Input should be less than or equal to 128
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from iepm.errors import ConfigError
+from iepm.probes.iperf3 import size_bytes
+from iepm.tomlpos import format_loc, line_of
+
+MONITOR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+TOKEN_PREFIX = "iepm1."
+# Probes an agent can serve (a one-shot server each); file copy and packet pair come later.
+AGENT_PROBES = ("iperf3",)
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Limits(StrictModel):
+    """What one monitor may ask for; a request beyond any of them is refused, naming it."""
+
+    max_duration_s: int = Field(default=60, ge=1, le=3600)
+    max_streams: int = Field(default=8, ge=1, le=128)
+    max_window: str = "64M"
+    # Highest total bit rate (UDP target rate; TCP is held to it by iperf3's
+    # --server-bitrate-limit). None: no limit.
+    max_rate: str | None = None
+    tests_per_hour: int = Field(default=12, ge=1, le=3600)
+
+    @field_validator("max_window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        try:
+            size_bytes(value, base=1024)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a size like 256K or 16M") from None
+        return value
+
+    @field_validator("max_rate")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                size_bytes(value, base=1000)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a bit rate like 100M or 1G") from None
+        return value
+
+    @property
+    def max_window_bytes(self) -> int:
+        return size_bytes(self.max_window, base=1024)
+
+    @property
+    def max_rate_bps(self) -> int | None:
+        return None if self.max_rate is None else size_bytes(self.max_rate, base=1000)
+
+
+class MonitorEntry(StrictModel):
+    name: str
+    token_sha256: str
+    probes: list[Literal["iperf3"]] = Field(default_factory=lambda: list(AGENT_PROBES))
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not MONITOR_NAME_RE.match(value):
+            raise ValueError(f"monitor names are letters, digits, '.', '_', '-' (got {value!r})")
+        return value
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _digest(cls, value: str) -> str:
+        if not SHA256_RE.match(value):
+            raise ValueError(
+                "token_sha256 must be 64 lower-case hex digits: the SHA-256 of the monitor's "
+                "token as printed by `iepm agent token` (never the token itself)"
+            )
+        return value
+
+
+class AgentSettings(StrictModel):
+    name: str = "iepm-agent"
+    # State file and per-test work directories; must survive agent restarts.
+    state_dir: str = "/var/lib/iepm-agent"
+    # Ports the agent may pick for one-shot servers (inclusive).
+    server_ports: tuple[int, int] = (5301, 5399)
+    # Address the servers bind to (default: all of this host's addresses).
+    server_bind: str | None = None
+    # Slot deadline = test duration + omit + this; the server is killed then, whatever happens.
+    slot_grace_s: float = Field(default=10.0, ge=1.0, le=600.0)
+    # How long a new server may take to listen.
+    server_start_timeout_s: float = Field(default=5.0, ge=0.5, le=60.0)
+    iperf3_path: str = "iperf3"
+    # TLS (optional): the agent's certificate and key; with client_ca, mutual TLS is required.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+
+    @field_validator("server_ports")
+    @classmethod
+    def _ports(cls, value: tuple[int, int]) -> tuple[int, int]:
+        low, high = value
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"server_ports must be [low, high] within 1024-65535 (got {value})")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> AgentSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        return self
+
+
+class AgentConfig(StrictModel):
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    monitors: list[MonitorEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> AgentConfig:
+        names = [m.name for m in self.monitors]
+        if len(set(names)) != len(names):
+            raise ValueError("a monitor is listed twice")
+        digests = [m.token_sha256 for m in self.monitors]
+        if len(set(digests)) != len(digests):
+            raise ValueError("two monitors share one token; give each its own")
+        return self
+
+    def authenticate(self, token: str | None) -> MonitorEntry | None:
+        """The monitor this bearer token belongs to, or None. Compares every entry in constant
+        time, so timing does not tell which digests exist."""
+        if not token:
+            return None
+        digest = token_digest(token)
+        found = None
+        for monitor in self.monitors:
+            if hmac.compare_digest(monitor.token_sha256, digest):
+                found = monitor
+        return found
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.strip().encode("utf-8")).hexdigest()
+
+
+def read_token(path: str | Path) -> str:
+    """A monitor's token from its credential file; the error names the file, never its text."""
+    path = Path(path).expanduser()
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the agent credential: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: the agent credential is not text") from None
+    if not token or any(c.isspace() for c in token) or len(token) > 512:
+        raise ConfigError(f"{path}: expected one token on one line (as `iepm agent token` prints)")
+    return token
+
+
+def _describe(error: dict[str, Any]) -> str:
+    message = str(error["msg"])
+    if error.get("type") == "extra_forbidden":
+        return "unknown field (check the spelling; see examples/agent.toml)"
+    given = error.get("input")
+    if error.get("type") != "missing" and not isinstance(given, dict | list) and given is not None:
+        # Never echo a token-looking value back.
+        shown = "…" if isinstance(given, str) and given.startswith(TOKEN_PREFIX) else repr(given)
+        message += f" (got {shown})"
+    return message
+
+
+def _raise_for(where: str, text: str, exc: ValidationError) -> NoReturn:
+    lines = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        line = line_of(text, loc)
+        prefix = f"{where}:{line}" if line else where
+        lines.append(f"{prefix}: {format_loc(loc) or '(top level)'}: {_describe(dict(error))}")
+    raise ConfigError("\n".join(lines))
+
+
+def load_agent_config_text(text: str, path: Path | None = None) -> AgentConfig:
+    where = str(path) if path else "<agent config>"
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    try:
+        return AgentConfig.model_validate(raw)
+    except ValidationError as exc:
+        _raise_for(where, text, exc)
+
+
+def load_agent_config(path: str | Path) -> AgentConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return load_agent_config_text(text, path)
+
+
+def monitor_stanza(name: str, digest: str, limits: Limits | None = None) -> str:
+    """The ``[[monitors]]`` entry that enrols a monitor (what `iepm agent token` prints)."""
+    limits = limits or Limits()
+    lines = [
+        "[[monitors]]",
+        f'name = "{name}"',
+        f'token_sha256 = "{digest}"',
+        'probes = ["iperf3"]',
+        "[monitors.limits]",
+        f"max_duration_s = {limits.max_duration_s}",
+        f"max_streams = {limits.max_streams}",
+        f'max_window = "{limits.max_window}"',
+        f"tests_per_hour = {limits.tests_per_hour}",
+    ]
+    if limits.max_rate is not None:
+        lines.append(f'max_rate = "{limits.max_rate}"')
+    return "\n".join(lines) + "\n"

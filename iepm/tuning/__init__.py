@@ -1,0 +1,1 @@
+"""Tuning studies: windows × streams sweep, duration, early stop, impact, Mathis, CPU cost."""

@@ -1,0 +1,299 @@
+"""The alert watcher, the cause lookup and the adaptive cadence, on real series and results.
+
+Results here are built from real measurements: the NDT throughput series of ../shared/data/ndt/
+(its 515 → 315 Mbit/s step of 2023-08-21) and the load probe's recorded fixtures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from iepm.analysis.adaptive import Cadence
+from iepm.analysis.alerts import load_alerts
+from iepm.analysis.cause import attribute, same_route
+from iepm.analysis.series import read_series
+from iepm.analysis.watch import AlertWatcher, metric_series, metric_value
+from iepm.config import load_config_text
+from iepm.results import Outcome, Result
+from iepm.scheduler import Scheduler
+from iepm.store import Archive
+from iepm.tuned import save_tuned
+
+REPO = Path(__file__).resolve().parents[2]
+LOAD_FIXTURES = REPO / "tests" / "fixtures" / "load"
+STEP_AT = datetime(2023, 8, 21, 16, 13, 27, tzinfo=UTC)
+
+
+def result(probe: str, when: datetime, data: dict[str, Any], **over: Any) -> Result:
+    fields: dict[str, Any] = {
+        "probe": probe,
+        "tool": probe,
+        "monitor": "mon",
+        "target": "gig03",
+        "started_at": when,
+        "data": data,
+    }
+    fields.update(over)
+    return Result(**fields)
+
+
+def ndt_results(step_file: Path) -> list[Result]:
+    s = read_series(step_file)
+    return [
+        result(
+            "iperf3",
+            datetime.fromtimestamp(t, UTC),
+            {"throughput_bps": y * 1e6},
+            params={"streams": 1, "window": None},
+        )
+        for t, y in zip(s.t, s.y, strict=True)
+    ]
+
+
+def feed(archive: Archive, watcher: AlertWatcher, results: list[Result]) -> None:
+    for r in results:
+        archive.add(r)
+        watcher.observe(r)
+
+
+def test_the_step_of_a_real_series_raises_one_stored_alert_within_3_samples(
+    tmp_path: Path, step_file: Path
+) -> None:
+    results = ndt_results(step_file)
+    upto = [r for r in results if r.started_at < STEP_AT + timedelta(days=3)]
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        watcher = AlertWatcher(archive, "mon")
+        feed(archive, watcher, upto)
+        stored = load_alerts(archive)
+    step = [a for a in stored if abs(a.change_at - STEP_AT) < timedelta(hours=1)]
+    assert len(step) == 1, [a.summary for a in stored]
+    alert = step[0]
+    assert alert.direction == "down" and alert.metric == "throughput_bps"
+    assert alert.before == pytest.approx(515e6, rel=0.03)
+    assert alert.after == pytest.approx(315e6, rel=0.03)
+    assert alert.change_percent == pytest.approx(-39, abs=2)
+    assert alert.details["samples_to_alert"] == 3
+    # Nothing on the path changed that the archive knows of.
+    assert alert.cause == "unknown" and alert.details["causes"] == []
+    assert alert.delivered_at is None and alert.delivery_attempts == 0
+    # Real throughput is noisy; the watcher stays quiet through most of four months.
+    assert len(stored) <= 6, [a.summary for a in stored]
+
+
+def test_a_restarted_watcher_replays_history_and_repeats_no_alert(
+    tmp_path: Path, step_file: Path
+) -> None:
+    results = ndt_results(step_file)
+    cut = next(i for i, r in enumerate(results) if r.started_at > STEP_AT + timedelta(days=2))
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        first = AlertWatcher(archive, "mon")
+        feed(archive, first, results[:cut])
+        second = AlertWatcher(archive, "mon")  # a restarted monitor
+        feed(archive, second, results[cut : cut + 5])
+        # It replayed the last 200 results: no warm-up, and the step is in the past.
+        assert second.tracks[("gig03", "iperf3", "throughput_bps")].count == 200 + 5
+        assert not any(abs(a.change_at - STEP_AT) < timedelta(hours=1) for a in second.alerts)
+        assert len(load_alerts(archive)) == len(first.alerts) + len(second.alerts)
+        t, y = metric_series(archive, target="gig03", probe="iperf3", metric="throughput_bps")
+    assert len(y) == cut + 5 and np.all(np.diff(t) > 0)
+
+
+def test_metric_values_skip_failures_but_count_a_dead_path_as_loss() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    dead = result(
+        "ping",
+        now,
+        {"packets_sent": 3, "packets_received": 0, "loss_percent": 100.0, "rtt_avg_ms": None},
+        outcome=Outcome.FAILED,
+        succeeded=False,
+    )
+    assert metric_value(dead, "loss_percent") == 100.0
+    assert metric_value(dead, "rtt_avg_ms") is None
+    failed = result("iperf3", now, {}, outcome=Outcome.FAILED, succeeded=False)
+    assert metric_value(failed, "throughput_bps") is None
+    nan = result("iperf3", now, {"throughput_bps": float("nan")})
+    assert metric_value(nan, "throughput_bps") is None
+
+
+def load_result(name: str, when: datetime) -> Result:
+    recorded = json.loads((LOAD_FIXTURES / f"{name}.json").read_text())
+    return result("load", when, recorded["data"])
+
+
+def test_cause_names_the_host_when_its_facts_changed_and_tuning_when_parameters_did(
+    tmp_path: Path,
+) -> None:
+    t0 = datetime(2026, 3, 2, 12, tzinfo=UTC)
+    step = timedelta(minutes=90)
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        # Two real snapshots: the host itself, and a namespace with reno and other buffers.
+        for i in range(4):
+            archive.add(load_result("procfs--host", t0 + i * step))
+        for i in range(4, 7):
+            archive.add(load_result("procfs--netns-reno", t0 + i * step))
+        cause, details = attribute(
+            archive,
+            monitor="mon",
+            target="gig03",
+            probe="iperf3",
+            last_before=t0 + 3 * step,
+            change_at=t0 + 4 * step,
+            now=t0 + 6 * step,
+        )
+        assert cause == "host", details
+        changed = details["host"]["changed"]
+        assert changed["tcp_congestion_control"][1] == "reno"
+        assert changed["tcp_congestion_control"][0] != "reno"
+        # A change whose sample before is the ambiguous one (same cycle) is not blamed on it.
+        cause, _ = attribute(
+            archive,
+            monitor="mon",
+            target="gig03",
+            probe="iperf3",
+            last_before=t0 + 5 * step,
+            change_at=t0 + 6 * step,
+            now=t0 + 6 * step,
+        )
+        assert cause == "unknown"
+        # Tuned parameters stored between the levels make it "tuning" (when nothing else moved).
+        save_tuned(
+            archive,
+            monitor="mon",
+            target="gig03",
+            probe="iperf3",
+            params={"streams": 8},
+            set_at=t0 + 5.5 * step,
+        )
+        cause, details = attribute(
+            archive,
+            monitor="mon",
+            target="gig03",
+            probe="iperf3",
+            last_before=t0 + 5 * step,
+            change_at=t0 + 6 * step,
+            now=t0 + 6 * step,
+        )
+        assert cause == "tuning" and details["tuning"]["tuned_params"][0]["params"] == {
+            "streams": 8
+        }
+
+
+def test_silent_hops_match_any_address() -> None:
+    assert same_route(["198.18.0.1", None, "198.18.0.9"], ["198.18.0.1", "198.18.0.4", None])
+    assert not same_route(["198.18.0.1", "198.18.0.2"], ["198.18.0.1", "198.18.0.3"])
+    assert not same_route(["198.18.0.1"], ["198.18.0.1", "198.18.0.2"])
+
+
+def test_cadence_stretches_calm_paths_and_comes_back_on_a_change(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        watcher = AlertWatcher(archive, "mon", store=False, forecasts=True)
+        cadence = Cadence(watcher, min_factor=1, max_factor=4)
+        factors = []
+        for i in range(20):
+            value = 100e6 * (1 + 0.01 * rng.standard_normal())
+            watcher.observe(result("iperf3", t0 + timedelta(hours=i), {"throughput_bps": value}))
+            factors.append(cadence.factor("gig03", "iperf3"))
+        assert factors[:5] == [1] * 5  # no forecast yet
+        assert 2 in factors and factors[-1] == 4 and max(factors) == 4
+        # While calm, the test waits; the reason says why.
+        reasons = [cadence.decide("gig03", "iperf3") for _ in range(3)]
+        assert all(r and "adaptive" in r for r in reasons)
+        assert cadence.decide("gig03", "iperf3") is None  # the 4th cycle runs
+        cadence.ran("gig03", "iperf3")
+        # A change suspected by ping (a deviant RTT) makes the next cycle test at once.
+        for i in range(8):
+            rtt = {"packets_sent": 3, "loss_percent": 0.0, "rtt_avg_ms": 20.0 + 0.01 * i}
+            watcher.observe(result("ping", t0 + timedelta(hours=30 + i), rtt))
+        assert cadence.decide("gig03", "iperf3") is not None
+        watcher.observe(
+            result(
+                "ping",
+                t0 + timedelta(hours=40),
+                {"packets_sent": 3, "loss_percent": 0.0, "rtt_avg_ms": 60.0},
+            )
+        )
+        assert watcher.suspected("gig03")
+        assert cadence.decide("gig03", "iperf3") is None
+        # A deviant throughput sample resets the factor to the minimum.
+        watcher.observe(result("iperf3", t0 + timedelta(hours=41), {"throughput_bps": 40e6}))
+        assert cadence.factor("gig03", "iperf3") == 1
+
+
+class Broken:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def observe(self, result: Result) -> None:
+        self.seen.append(result.id)
+        raise RuntimeError("watcher bug")
+
+    def cycle_started(self) -> None:
+        raise RuntimeError("another watcher bug")
+
+
+def test_a_failing_watcher_never_breaks_the_cycle(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = load_config_text(
+        f"""
+[monitor]
+name = "mon"
+archive = "sqlite:///{tmp_path}/a.db"
+log_dir = "{tmp_path}/raw"
+[defaults.ping]
+count = 2
+interval_s = 0.05
+[[targets]]
+name = "lo"
+address = "127.0.0.1"
+probes = ["ping"]
+"""
+    )
+    broken = Broken()
+    with Archive.open(config.monitor.archive) as archive:
+        alerting = AlertWatcher(archive, "mon")
+        scheduler = Scheduler(config, archive, watchers=[broken, alerting])
+        with caplog.at_level(logging.ERROR, logger="iepm.scheduler"):
+            reports = asyncio.run(scheduler.run(cycles=2))
+        stored = list(archive.results())
+    assert [len(r.results) for r in reports] == [1, 1]
+    assert {r.id for r in stored} == set(broken.seen)
+    assert scheduler.health.watcher_errors == 4  # two observes and two cycle starts
+    assert "watcher bug" in caplog.text
+    # The other watcher saw every result all the same.
+    assert alerting.tracks[("lo", "ping", "rtt_avg_ms")].count == 2
+
+
+def test_the_config_builds_the_watcher_and_cadence(tmp_path: Path) -> None:
+    base = f"""
+[monitor]
+name = "mon"
+archive = "sqlite:///{tmp_path}/a.db"
+log_dir = "{tmp_path}/raw"
+"""
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        plain = Scheduler(load_config_text(base), archive)
+        assert plain.alert_watcher is not None and plain.alert_watcher.notifier is None
+        assert plain.cadence is None
+        hooked = Scheduler(
+            load_config_text(
+                base + 'webhook_url = "http://127.0.0.1:9/x"\nadaptive = true\n'
+                "adaptive_max_factor = 6\n"
+            ),
+            archive,
+        )
+        assert hooked.alert_watcher is not None and hooked.alert_watcher.notifier is not None
+        assert hooked.cadence is not None and hooked.cadence.max_factor == 6
+        off = Scheduler(load_config_text(base + "alerts = false\n"), archive)
+        assert off.watchers == [] and off.cadence is None
+        assert Scheduler(load_config_text(base), archive, watchers=[]).watchers == []

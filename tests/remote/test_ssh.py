@@ -1,0 +1,132 @@
+"""Agentless SSH mode against a real OpenSSH server (private config, host key and port, on
+loopback): quoting, a full disk, unknown host keys, a refused key; nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from iepm.config import SshAccess
+from iepm.probes import iperf3
+from iepm.probes.base import ProbeContext
+from iepm.results import Result
+from tests.helpers import free_port
+from tests.remote.sshd import Sshd, private_sshd
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    with private_sshd(tmp_path_factory.mktemp("sshd"), "127.0.0.1", free_port()) as server:
+        yield server
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="s") as name:
+        yield Path(name)
+
+
+def run_iperf3(access: SshAccess, duration_s: int = 1) -> Result:
+    ctx = ProbeContext(target="loop", address="127.0.0.1", remote=access)
+    return asyncio.run(iperf3.run(iperf3.Spec(duration_s=duration_s), ctx))
+
+
+def servers_of(sshd: Sshd) -> list[psutil.Process]:
+    alive = []
+    for child in psutil.Process(sshd.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name() in ("iperf3", "timeout") and child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+    return alive
+
+
+def test_a_test_over_ssh_measures_and_leaves_nothing_behind(sshd: Sshd, short_tmp: Path) -> None:
+    result = run_iperf3(sshd.access(server_port=free_port(), work_dir=str(short_tmp)))
+    assert result.succeeded, (result.error, result.diags)
+    assert result.data["throughput_bps"] > 1e8
+    assert f"in {short_tmp}/iepm-" in result.diags
+    assert list(short_tmp.iterdir()) == []  # the test's directory was removed
+    assert servers_of(sshd) == []
+
+
+def test_shell_metacharacters_reach_the_target_as_one_word(sshd: Sshd, short_tmp: Path) -> None:
+    """The work directory is sent to the target's shell: it must arrive as one literal word."""
+    marker = f"iepm-pwned-{uuid.uuid4().hex[:8]}"  # relative: made in the remote shell's cwd
+    odd = short_tmp / f"a b$(touch {marker});`touch {marker}`|&'\"*"
+    odd.mkdir()
+    result = run_iperf3(sshd.access(server_port=free_port(), work_dir=str(odd)))
+    assert result.succeeded, (result.error, result.diags)
+    # The per-test directory was made inside the odd directory (literally) and removed again.
+    assert f"in {odd}/iepm-" in result.diags
+    assert list(odd.iterdir()) == []
+    assert not (Path.home() / marker).exists() and not Path(marker).exists()
+    assert sorted(p.name for p in short_tmp.iterdir()) == [odd.name]
+
+
+def test_a_full_disk_on_the_target_is_a_clear_failure(sshd: Sshd, short_tmp: Path) -> None:
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k,nr_inodes=4", "tmpfs", str(short_tmp)],
+        check=True,
+        timeout=10,
+    )
+    try:
+        with contextlib.suppress(OSError):
+            (short_tmp / "fill").write_bytes(b"\0" * 65536)
+        for i in range(4):
+            with contextlib.suppress(OSError):
+                (short_tmp / f"f{i}").touch()
+        t0 = time.monotonic()
+        result = run_iperf3(sshd.access(server_port=free_port(), work_dir=str(short_tmp)))
+        elapsed = time.monotonic() - t0
+    finally:
+        subprocess.run(["umount", str(short_tmp)], check=True, timeout=10)
+    assert not result.succeeded
+    assert "is full (No space left on device)" in (result.error or ""), result.error
+    assert elapsed < 5
+    assert servers_of(sshd) == []
+
+
+def test_an_unknown_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:
+    other = tmp_path / "known_hosts"
+    other.write_text(
+        f"[127.0.0.1]:{sshd.port} " + (sshd.client_key.with_suffix(".pub")).read_text()
+    )
+    result = run_iperf3(sshd.access(known_hosts=str(other)))
+    assert not result.succeeded
+    assert "host key is not in known_hosts or does not match" in (result.error or "")
+
+
+def test_a_refused_key_fails_at_once_although_the_server_offers_passwords(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    """The IEPM-BW hang: a lost key and a password prompt. Here: a failed result, quickly."""
+    stranger = tmp_path / "stranger"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)],
+        check=True,
+        timeout=30,
+    )
+    t0 = time.monotonic()
+    result = run_iperf3(sshd.access(key_file=str(stranger), step_timeout_s=5))
+    assert time.monotonic() - t0 < 5
+    assert not result.succeeded
+    assert "refused this monitor's key" in (result.error or "")
+    # Results never carry key material.
+    assert stranger.read_text().splitlines()[1] not in (result.diags + (result.error or ""))
+
+
+def test_an_unreachable_ssh_port_fails_within_the_step_deadline(sshd: Sshd) -> None:
+    t0 = time.monotonic()
+    result = run_iperf3(sshd.access(port=free_port(), step_timeout_s=2))
+    assert time.monotonic() - t0 < 4
+    assert not result.succeeded
+    assert "connection refused" in (result.error or "")
