@@ -88,6 +88,11 @@ class AgentAccess(StrictModel):
             )
         return value.rstrip("/")
 
+    def setup_budget_s(self) -> float:
+        """Longest a test can spend on the agent besides the tool itself: waiting for the slot,
+        then the request that opens it and the one that releases it."""
+        return self.slot_wait_s + 2 * self.request_timeout_s
+
     @model_validator(mode="after")
     def _cert_pair(self) -> AgentAccess:
         if (self.client_cert is None) != (self.client_key is None):
@@ -110,6 +115,11 @@ class SshAccess(StrictModel):
     iperf3_path: str = "iperf3"
     # Directory on the target for the test's files (a fresh one per test, removed after it).
     work_dir: str = "/tmp"
+
+    def setup_budget_s(self) -> float:
+        """Longest a test can spend on SSH besides the tool itself: log in, start the server
+        and see it ready, stop it, close (one step deadline each, 2 s to close)."""
+        return 4 * self.step_timeout_s + 2
 
     @field_validator("work_dir")
     @classmethod

@@ -98,6 +98,12 @@ class ResultWatcher(Protocol):
     def observe(self, result: Result) -> object: ...
 
 
+def _setup_budget_s(target: TargetConfig) -> float:
+    # Agent and SSH targets spend time obtaining a server before the tool's own deadline starts.
+    remote = target.remote()
+    return remote.setup_budget_s() if remote is not None else 0.0
+
+
 class Scheduler:
     def __init__(
         self,
@@ -198,6 +204,7 @@ class Scheduler:
             monitor=self.config.monitor.name,
             raw_log=self.raw_log,
             netns=self.config.monitor.netns,
+            remote=target.remote(),
         )
 
     def _spec(self, target: TargetConfig, probe: str) -> ProbeSpec:
@@ -222,7 +229,7 @@ class Scheduler:
         ctx = self._context(target)
         try:
             result: Result = await asyncio.wait_for(
-                module.run(spec, ctx), spec.deadline_s() + PROBE_GUARD_S
+                module.run(spec, ctx), spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
             )
         except TimeoutError:
             result = failed_result(

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from iepm.config import Config, TargetConfig, load_config_text
+from iepm.config import Config, load_config_text
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
-from iepm.probes.base import ProbeContext
 from iepm.results import Result
 from iepm.scheduler import Scheduler
 from iepm.store import Archive
@@ -48,16 +47,6 @@ TOPOLOGY = {
 AGENT_PORT = 8700
 SSH_PORT = 2222
 IPERF3 = {"duration_s": 3, "omit_s": 1, "streams": 2, "window": "256K"}
-
-
-class RemoteScheduler(Scheduler):
-    """The scheduler with the target's remote access passed to the probes (the one-line change
-    asked of the scheduler: ``remote=target.remote()`` in ``_context``)."""
-
-    def _context(self, target: TargetConfig) -> ProbeContext:
-        ctx = super()._context(target)
-        ctx.remote = target.remote()
-        return ctx
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +124,7 @@ server_port = 5333
 
 def run_cycle(config: Config) -> list[Result]:
     with Archive.open(config.monitor.archive) as archive:
-        report = asyncio.run(RemoteScheduler(config, archive).run_cycle())
+        report = asyncio.run(Scheduler(config, archive).run_cycle())
     return report.results
 
 
@@ -192,7 +181,7 @@ def test_two_monitors_share_an_agent_target_and_never_overlap(
     async def both() -> list[list[Result]]:
         async def one(config: Config) -> list[Result]:
             with Archive.open(config.monitor.archive) as archive:
-                await RemoteScheduler(config, archive).run_cycle()
+                await Scheduler(config, archive).run_cycle()
                 # Read back what was recorded, not what the scheduler returned.
                 return list(archive.results(probe="iperf3"))
 
