@@ -21,9 +21,12 @@ it), ``rtts_ms`` with ``seqs`` (the icmp_seq of each, unwrapped past 65535), ``l
 ``icmp_errors`` (``{"from", "message", "count"}``), ``tool_errors`` (ping's own stderr
 complaints), ``unparsed_lines``, ``truncated`` (no statistics block) and ``elapsed_ms``.
 
-With ``-w``, iputils does not stop sending after ``-c`` packets: it keeps going until ``count``
-replies have arrived or the deadline passes, and it exits at the first ICMP error. So
-``packets_sent`` may exceed ``count`` on a lossy path; loss is always received/sent.
+By default ping sends exactly ``count`` requests (``-c``) and then waits for the replies still
+in flight (up to two RTTs, or ``-W 5`` s when nothing came back), so ``packets_sent == count``
+and a long path's last replies are not mistaken for loss. With an explicit ``deadline`` ping runs
+with ``-w``, and iputils then keeps sending until ``count`` *replies* have arrived or the
+deadline passes (it stops at the first ICMP error): ``packets_sent`` may exceed ``count``, and
+requests sent in the last RTT before the stop count as lost. Loss is always received/sent.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ COLUMNS = [
 TIMESTAMP_BYTES = 16
 SEQ_MODULO = 65536  # icmp_seq is 16 bits and wraps
 MAX_LISTED_ERRORS = 20
+# -W: how long ping waits for a reply after its last request when no reply came at all (with
+# replies it waits two RTTs); this bounds a run on a dead path.
+REPLY_WAIT_S = 5
 
 
 class Spec(ProbeSpec):
@@ -81,8 +87,9 @@ class Spec(ProbeSpec):
         None,
         ge=1,
         le=3600,
-        description="seconds before ping exits on its own (-w, rounded up); "
-        "default count * interval_s + 5",
+        description="seconds before ping exits on its own (-w, rounded up; ping then sends "
+        "until count replies arrive); default: none, ping sends count requests and waits for "
+        "their replies",
     )
     discard_first: int = Field(
         0, ge=0, le=1000, description="drop the first N packets from the statistics (warm-up)"
@@ -98,15 +105,17 @@ class Spec(ProbeSpec):
             )
         return self
 
-    def ping_deadline_s(self) -> int:
-        """The ``-w`` value: whole seconds, as iputils rejects fractions."""
-        if self.deadline is not None:
-            return math.ceil(self.deadline)
-        return math.ceil(self.count * self.interval_s + 5)
+    def ping_deadline_s(self) -> int | None:
+        """The ``-w`` value (whole seconds, as iputils rejects fractions), if a deadline is set."""
+        return None if self.deadline is None else math.ceil(self.deadline)
 
     def deadline_s(self) -> float:
-        # ping stops itself at -w; the runner kills it only if that somehow fails.
-        return float(self.ping_deadline_s() + 5)
+        # ping stops on its own (after count requests and their replies, or at -w); the runner
+        # kills it only if that somehow fails.
+        own = self.ping_deadline_s()
+        if own is None:
+            own = math.ceil(self.count * self.interval_s + REPLY_WAIT_S)
+        return float(own + 5)
 
 
 def build_argv(spec: Spec, address: str) -> list[str]:
@@ -120,11 +129,13 @@ def build_argv(spec: Spec, address: str) -> list[str]:
         f"{spec.interval_s:g}",
         "-s",
         str(spec.size_bytes),
-        "-w",
-        str(spec.ping_deadline_s()),
-        "--",  # an address can never be taken for an option
-        address,
     ]
+    own_deadline = spec.ping_deadline_s()
+    if own_deadline is None:
+        argv += ["-W", str(REPLY_WAIT_S)]
+    else:
+        argv += ["-w", str(own_deadline)]
+    argv += ["--", address]  # "--": an address can never be taken for an option
     return argv
 
 

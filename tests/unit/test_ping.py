@@ -280,7 +280,7 @@ def test_tracepath_is_not_ping() -> None:
 def test_default_argv_and_deadlines() -> None:
     spec = ping.Spec()
     assert ping.build_argv(spec, "198.18.3.2") == [
-        "ping", "-n", "-O", "-c", "10", "-i", "1", "-s", "56", "-w", "15", "--", "198.18.3.2",
+        "ping", "-n", "-O", "-c", "10", "-i", "1", "-s", "56", "-W", "5", "--", "198.18.3.2",
     ]  # fmt: skip
     assert spec.deadline_s() == 20.0
 
@@ -507,7 +507,7 @@ def test_real_ping_to_loopback() -> None:
     assert (data["packets_sent"], data["packets_received"], data["loss_percent"]) == (3, 3, 0.0)
     assert 0 < data["rtt_min_ms"] <= data["rtt_avg_ms"] <= data["rtt_max_ms"] < 100
     assert len(data["rtts_ms"]) == 3
-    assert result.diags.startswith("ping -n -O -c 3 -i 0.2 -s 56 -w 6 -- 127.0.0.1")
+    assert result.diags.startswith("ping -n -O -c 3 -i 0.2 -s 56 -W 5 -- 127.0.0.1")
 
 
 @needs_ping
