@@ -86,8 +86,8 @@ class SchedulerHealth:
 
 
 ResultCallback = Callable[[Result], None]
-# Watch-dog exits: a watcher that has not returned after this long is left running, its work is
-# done in threads of its own (webhook deliveries).
+# How long close() lets the watchers finish pending work (webhook deliveries run in a thread of
+# their own; after this they are stopped and the alerts stay recorded as undelivered).
 WATCHER_CLOSE_S = 10.0
 
 

@@ -47,6 +47,7 @@ class Cadence:
         if not 1 <= min_factor <= max_factor:
             raise ValueError("1 <= min_factor <= max_factor is required")
         self.watcher = watcher
+        watcher.forecasts = True  # the factor follows the forecast's interval
         self.min_factor = min_factor
         self.max_factor = max_factor
         self.calm_runs = calm_runs

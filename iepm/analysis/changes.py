@@ -30,7 +30,7 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 
 # Chosen on the tune half of rtt-changes/ (see benchmarks/changes.py), never on the test half.
-DEFAULT_PENALTY = 3.0
+DEFAULT_PENALTY = 4.0
 DEFAULT_BANDWIDTH = 12.0
 DEFAULT_MIN_SIZE = 2
 DEFAULT_MIN_CHANGE = 0.006
@@ -200,7 +200,7 @@ class OnlineDetector:
     def __init__(
         self,
         *,
-        threshold: float = 5.0,
+        threshold: float = 4.0,
         confirm: int = 3,
         min_relative: float = 0.01,
         window: int = 50,

@@ -1,4 +1,5 @@
-"""``iepm forecast``, ``iepm changes``, ``iepm diurnal``: the analyses on any series file.
+"""``iepm forecast``, ``iepm changes``, ``iepm diurnal``: the analyses on any series file;
+``iepm alerts``: the step-change alerts the monitor stored.
 
 The main CLI mounts them with :func:`register`. Errors print one line to stderr and exit 2.
 """
@@ -9,6 +10,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -16,7 +18,7 @@ import typer
 
 from iepm.analysis.changes import detect_online, segment
 from iepm.analysis.diurnal import fit_diurnal
-from iepm.analysis.forecast import METHODS, walk_forward
+from iepm.analysis.forecast import METHODS, START, walk_forward
 from iepm.analysis.series import AnalysisError, Series, iso, read_series
 from iepm.errors import IepmError
 
@@ -72,7 +74,7 @@ def forecast_command(
     def work() -> list[Any]:
         if method not in METHODS:
             raise AnalysisError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        s = read_series(csv)
+        s = read_series(csv, min_rows=START + 1)
         return walk_forward(s.t, s.y, method)
 
     fcs = _guard(work)
@@ -159,8 +161,82 @@ def diurnal_command(
     _tsv(["days", *keys], [[k, *(getattr(v, key) for key in keys)] for k, v in fits.items()])
 
 
+def _moment(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        msg = f"{option}: not an ISO date or time: {value!r} (e.g. 2026-11-01)"
+        raise AnalysisError(msg) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def alerts_command(
+    db: Annotated[str | None, typer.Option("--db", help="Archive URL.")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="targets.toml (its archive).")
+    ] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Only this target.")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Detected from this UTC date/time (ISO).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Step-change alerts stored by the monitor, oldest first, with their likely cause."""
+    from iepm.analysis.alerts import load_alerts
+    from iepm.config import load_config
+    from iepm.store import Archive
+
+    def work() -> list[Any]:
+        start = _moment(since, "--since")
+        if db:
+            url = db
+        elif config:
+            url = load_config(config).monitor.archive
+        else:
+            raise AnalysisError("give --db URL or --config FILE to say which archive to read")
+        with Archive.open(url) as archive:
+            return load_alerts(archive, target=target, since=start)
+
+    alerts = _guard(work)
+    if as_json:
+        rows = [
+            {
+                **a.payload(),
+                "delivered_at": iso(a.delivered_at.timestamp()) if a.delivered_at else None,
+                "delivery_attempts": a.delivery_attempts,
+            }
+            for a in alerts
+        ]
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    header = ["detected_at", "change_at", "target", "probe", "metric", "direction", "before"]
+    header += ["after", "change_percent", "cause", "delivered"]
+    _tsv(
+        header,
+        [
+            [
+                iso(a.detected_at.timestamp()),
+                iso(a.change_at.timestamp()),
+                a.target,
+                a.probe,
+                a.metric,
+                a.direction,
+                math.nan if a.before is None else a.before,
+                math.nan if a.after is None else a.after,
+                math.nan if a.change_percent is None else a.change_percent,
+                a.cause,
+                "yes" if a.delivered_at else f"no ({a.delivery_attempts} attempts)",
+            ]
+            for a in alerts
+        ],
+    )
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``forecast``, ``changes`` and ``diurnal`` to ``app``."""
+    """Add ``forecast``, ``changes``, ``diurnal`` and ``alerts`` to ``app``."""
     app.command("forecast")(forecast_command)
     app.command("changes")(changes_command)
     app.command("diurnal")(diurnal_command)
+    app.command("alerts")(alerts_command)

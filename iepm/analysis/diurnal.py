@@ -3,7 +3,9 @@
 f(x) = |a|·sin(x + b) + c, with x the time of day in radians (0 at midnight, 2π at the next),
 fitted by least squares (scipy ``curve_fit``) from the seeds' starting values c = mean,
 a = stdev, b = π/2, to weekdays and weekends apart. δb is the standard error of b from the fit's
-covariance; a path is *diurnal* when δb < 0.2 (the phase is well determined).
+covariance; a path is *diurnal* when δb < 0.2 (the phase is well determined) and its samples
+span the day: at least 6 of the day's 8 three-hour slots hold one (``day_coverage`` ≥ 0.75), since
+a few hours of a trend fit a piece of sine just as well.
 
 The *simple estimate* needs no fit: c = mean, a = √2·stdev (the amplitude of a sine with the
 data's standard deviation) and b given — kept per site from an earlier fit. Both are reported
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +30,8 @@ FloatArray = npt.NDArray[np.float64]
 DAY = 86400.0
 DIURNAL_DELTA_B = 0.2
 MIN_POINTS = 5  # three parameters, and a margin for a meaningful covariance
+DAY_SLOTS = 8
+MIN_DAY_COVERAGE = 0.75
 
 
 def model(x: FloatArray, a: float, b: float, c: float) -> FloatArray:
@@ -46,6 +50,7 @@ class SineFit:
     n: int
     rmse: float
     peak_hour: float  # time of day of the maximum, hours
+    day_coverage: float  # share of the day's three-hour slots that hold a sample
     simple_a: float
     simple_b: float
     simple_c: float
@@ -71,10 +76,31 @@ def _rmse(x: FloatArray, y: FloatArray, a: float, b: float, c: float) -> float:
 
 def fit_sine(x: FloatArray, y: FloatArray, site_b: float = math.pi / 2) -> SineFit:
     """Least-squares fit and simple estimate on times of day ``x`` (radians) and values ``y``."""
+    top = float(np.max(np.abs(y))) if y.size else 0.0
+    if not 0.0 < top < math.inf:
+        return _fit_sine(x, y, site_b)
+    # Fit in units of a power of two near the largest value (exact scaling): squares of values
+    # near the float limit would overflow, and tiny ones would underflow.
+    unit = math.ldexp(1.0, math.frexp(top)[1] - 1)
+    f = _fit_sine(x, y / unit, site_b)
+    return replace(
+        f,
+        a=f.a * unit,
+        c=f.c * unit,
+        rmse=f.rmse * unit,
+        simple_a=f.simple_a * unit,
+        simple_c=f.simple_c * unit,
+        simple_rmse=f.simple_rmse * unit,
+    )
+
+
+def _fit_sine(x: FloatArray, y: FloatArray, site_b: float) -> SineFit:
     n = int(y.size)
     nan = math.nan
     if n == 0:
-        return SineFit(nan, nan, nan, math.inf, False, 0, nan, nan, nan, site_b, nan, nan)
+        return SineFit(nan, nan, nan, math.inf, False, 0, nan, nan, 0.0, nan, site_b, nan, nan)
+    slots = np.unique(np.floor(np.mod(x, 2 * math.pi) / (2 * math.pi) * DAY_SLOTS))
+    coverage = float(slots.size) / DAY_SLOTS
     mean = float(np.mean(y))
     sd = float(np.std(y, ddof=1)) if n > 1 else 0.0
     simple = (math.sqrt(2.0) * sd, site_b % (2 * math.pi), mean)
@@ -99,10 +125,11 @@ def fit_sine(x: FloatArray, y: FloatArray, site_b: float = math.pi / 2) -> SineF
         b=b,
         c=c,
         delta_b=delta_b,
-        diurnal=delta_b < DIURNAL_DELTA_B,
+        diurnal=delta_b < DIURNAL_DELTA_B and coverage >= MIN_DAY_COVERAGE,
         n=n,
         rmse=_rmse(x, y, a, b, c),
         peak_hour=peak,
+        day_coverage=coverage,
         simple_a=simple[0],
         simple_b=simple[1],
         simple_c=simple[2],

@@ -15,18 +15,20 @@ Better predictors:
 - ``median5``: median of the last 5 — robust to the single outliers throughput series are full of.
 - ``holt``: Holt's level and damped trend, with smoothing scaled by the time since the previous
   sample (Wright's treatment of irregular spacing: a long gap forgets more of the past).
-- ``levelshift``: He, Dovrolis & Ammar's level-shift-aware history: the median of the recent
+- ``levelshift``: He, Dovrolis & Ammar's level-shift-aware history: the median of the last 20
   samples of the *current* level only. Outliers are kept out, and the history restarts when the
   online step detector (:mod:`iepm.analysis.changes`) confirms a shift.
 - ``lastweek``: the median of the measurements within ±1 h of the same time of day one and two
   weeks back, and one day back; for diurnal paths. Absent when no such measurement exists.
 
-``auto`` is the NWS-style ensemble: at every step it uses the predictor with the lowest recent
-error (exponentially weighted mean of the relative error, decay 0.97, capped at 1 so one
-near-zero observation cannot decide), switching only when the gain is at least 10%. The
+``auto`` is the NWS-style ensemble: at every step it uses the member with the lowest recent
+error (exponentially weighted mean of the relative error, decay 0.97, each error capped at 0.3
+so a few near-zero observations cannot decide), switching only when the gain is at least 20%.
+Its members are ``median5`` and ``levelshift`` (``levelshift`` until both have a record). The
 ``method`` of each forecast names the predictor used. A predictor that cannot forecast yet
-(``lastweek`` without a week of history) falls back to ``median5`` and says so in ``method``.
-Parameters were chosen on the tune half of ../shared/data/ndt/ (see benchmarks/forecast.py).
+(``lastweek`` without a day of history) falls back to ``median5`` and says so in ``method``.
+Parameters and members were chosen on the tune half of ../shared/data/ndt/ (see
+benchmarks/forecast.py), never on the test half.
 
 Intervals for everything but the baselines are conformal: empirical quantiles of the method's
 last relative errors (o − f)/|f|, with the miscoverage level adapted online (Gibbs & Candès'
@@ -55,9 +57,18 @@ START = 5  # first forecast index: MA(5) needs 5 measurements
 BASELINES = ("ma5", "ewma")
 PREDICTORS = ("median5", "holt", "levelshift", "lastweek")
 METHODS = (*BASELINES, *PREDICTORS, "auto")
+# The ensemble's members (chosen on the tune half too: Holt and same-time-last-week only added
+# noise to the choice there), and the one it uses until the others have a record.
+ENSEMBLE: tuple[str, ...] = ("median5", "levelshift")
+ENSEMBLE_DEFAULT = "levelshift"
 
 HOUR = 3600.0
 DAY = 86400.0
+
+# Chosen on the tune half of ../shared/data/ndt/ (benchmarks/forecast.py), never the test half:
+# a shift must be 7 robust standard deviations and 20% of the level, for 3 samples in a row.
+LEVEL_SHIFT_DETECTOR: dict[str, float] = {"threshold": 7.0, "confirm": 3, "min_relative": 0.2}
+SELECTOR: dict[str, float] = {"decay": 0.97, "cap": 0.3, "margin": 0.2}
 
 
 @dataclass(frozen=True)
@@ -180,7 +191,7 @@ class LevelShift(_Predictor):
     def __init__(self, k: int = 20) -> None:
         super().__init__()
         self.k = k
-        self.detector = OnlineDetector(threshold=4.0, confirm=2, min_relative=0.1)
+        self.detector = OnlineDetector(**LEVEL_SHIFT_DETECTOR)
         self.level: deque[float] = deque(maxlen=k)
 
     def predict(self, t_next: float) -> float | None:
@@ -325,7 +336,7 @@ def walk_forward_all(
     preds = _make_predictors()
     names = [p.name for p in preds]
     bands = {n: ConformalBand(coverage) for n in [*PREDICTORS, "auto"]}
-    selector = _Selector(PREDICTORS)
+    selector = _Selector(ENSEMBLE, **SELECTOR)
     z = Z80 if math.isclose(coverage, 0.8) else _normal_quantile(0.5 + coverage / 2)
     out: dict[str, list[Forecast]] = {n: [] for n in METHODS}
     for i in range(ya.size):
@@ -350,13 +361,13 @@ def walk_forward_all(
                     lo, hi = bands[name].interval(f, floor, sd)
                     bands[name].update(f, obs, floor, lo <= obs <= hi)
                 out[name].append(Forecast(i, float(ta[i]), obs, f, lo, hi, method))
-            choice = selector.choose({n: fc[n] for n in PREDICTORS}, "median5")
+            choice = selector.choose({n: fc[n] for n in ENSEMBLE}, ENSEMBLE_DEFAULT)
             f_auto = fc[choice]
             assert f_auto is not None
             lo, hi = bands["auto"].interval(f_auto, floor, sd)
             bands["auto"].update(f_auto, obs, floor, lo <= obs <= hi)
             out["auto"].append(Forecast(i, float(ta[i]), obs, f_auto, lo, hi, choice))
-            selector.update({n: fc[n] for n in PREDICTORS}, obs, floor)
+            selector.update({n: fc[n] for n in ENSEMBLE}, obs, floor)
         for p in preds:
             p.update(float(ta[i]), obs)
     return {name: [_rescale(fc, unit) for fc in fcs] for name, fcs in out.items()}

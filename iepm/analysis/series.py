@@ -146,13 +146,13 @@ def parse_series(
         extra.append(tuple(fields[2:]))
     if not values:
         raise AnalysisError(f"{source}: no data rows (expected 'timestamp,value' lines)")
+    y = np.asarray(values, dtype=np.float64)
+    if not allow_all_zero and not np.any(y):
+        raise AnalysisError(f"{source}: every value is zero; nothing to analyse")
     if len(values) < min_rows:
         raise AnalysisError(
             f"{source}: only {len(values)} data row(s); at least {min_rows} are needed"
         )
-    y = np.asarray(values, dtype=np.float64)
-    if not allow_all_zero and not np.any(y):
-        raise AnalysisError(f"{source}: every value is zero; nothing to analyse")
     return Series(np.asarray(times, dtype=np.float64), y, source, tuple(lines), tuple(extra))
 
 

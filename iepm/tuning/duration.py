@@ -17,7 +17,7 @@ from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.results import utcnow
 from iepm.store import Archive
-from iepm.tuning.measure import IPERF3_OVERHEAD_S, iperf3_figures, percentiles
+from iepm.tuning.measure import IPERF3_OVERHEAD_S, iperf3_figures, percentiles, run_iperf3
 from iepm.tuning.store import Study, StudyRecorder
 from iepm.tuning.sweep import StudyRefused, window_label
 
@@ -133,7 +133,7 @@ async def run_duration_study(
                 update={"window": window, "streams": 1, "duration_s": float(duration)}
             )
             started = utcnow()
-            result = await iperf3.run(spec, ctx)
+            result = await run_iperf3(spec, ctx)
             recorder.store_result(result)
             point = {
                 "order": i,

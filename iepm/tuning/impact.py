@@ -33,7 +33,7 @@ QUANTILES = (5, 10, 25, 50, 75, 90, 95, 99)
 
 @dataclass(frozen=True)
 class ImpactPlan:
-    # iperf3 -b rates; None is an unpaced transfer (as heavy as the path allows).
+    # Total rates of the load (bit/s, iperf3 -b syntax); None is an unpaced transfer.
     rates: list[str | None] = field(default_factory=lambda: ["10M", "50M", "100M", None])
     streams: int = 4
     window: str | None = None
@@ -51,6 +51,12 @@ class ImpactPlan:
 
 def rate_label(rate: str | None) -> str:
     return "unpaced" if rate is None else f"{rate}bit/s"
+
+
+def per_stream_rate(rate: str | None, streams: int) -> str | None:
+    if rate is None:
+        return None
+    return str(max(1, round(iperf3.size_bytes(rate, base=1000) / streams)))
 
 
 def check_plan(plan: ImpactPlan) -> None:
@@ -163,7 +169,8 @@ async def run_impact_study(
                     "window": plan.window,
                     "streams": plan.streams,
                     "duration_s": float(plan.duration_s),
-                    "rate": rate,
+                    # iperf3 paces each stream at -b: split the level's total among them.
+                    "rate": per_stream_rate(rate, plan.streams),
                     "udp": False,
                 }
             )

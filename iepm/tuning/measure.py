@@ -17,6 +17,7 @@ from iepm.results import Result
 
 # iperf3 spends about this long on connecting and exchanging parameters and results.
 IPERF3_OVERHEAD_S = 1.0
+BUSY_RETRY_S = 1.0
 
 
 @dataclass
@@ -24,6 +25,19 @@ class Transfer:
     iperf3: Result
     ping_during: Result | None
     ping_after: Result | None
+
+
+async def run_iperf3(spec: iperf3.Spec, ctx: ProbeContext) -> Result:
+    """One iperf3 run; retried once, a second later, when the server was still busy with the
+    previous test of the study (iperf3 serves one test at a time and needs a moment to
+    reset). The retry's ``diags`` keeps what the first attempt said."""
+    result = await iperf3.run(spec, ctx)
+    if not result.succeeded and "busy" in (result.error or ""):
+        await asyncio.sleep(BUSY_RETRY_S)
+        retry = await iperf3.run(spec, ctx)
+        retry.diags = f"{retry.diags}\n[retried: first attempt said: {result.error}]"
+        return retry
+    return result
 
 
 def ping_during_spec(duration_s: float, count: int) -> tuple[float, ping.Spec]:
@@ -44,7 +58,7 @@ async def transfer_with_pings(
 ) -> Transfer:
     """Run the transfer, ``pings_during`` pings while it runs and ``pings_after`` once it ended."""
     during: Result | None = None
-    transfer_task = asyncio.create_task(iperf3.run(spec, ctx))
+    transfer_task = asyncio.create_task(run_iperf3(spec, ctx))
     if pings_during:
         delay, during_spec = ping_during_spec(spec.duration_s, pings_during)
         try:

@@ -31,7 +31,6 @@ from iepm.tuning.measure import (
     iperf3_figures,
     median,
     ping_figures,
-    rtts,
     transfer_with_pings,
 )
 from iepm.tuning.store import Study, StudyRecorder
@@ -336,23 +335,3 @@ def table_rows(points: list[dict[str, Any]]) -> tuple[list[str], list[int], dict
     streams = sorted({int(p["streams"]) for p in grid})
     cells = {(p["window_label"], int(p["streams"])): p for p in grid}
     return windows, streams, cells
-
-
-def rtt_all(points: list[dict[str, Any]], key: str) -> list[float]:
-    return [v for p in points for v in (p.get(key) or [])]
-
-
-__all__ = [
-    "DEFAULT_STREAMS",
-    "DEFAULT_WINDOWS",
-    "StudyRefused",
-    "SweepLimits",
-    "SweepPlan",
-    "check_plan",
-    "choose",
-    "parse_window",
-    "rtts",
-    "run_sweep",
-    "summarise",
-    "visit_order",
-]

@@ -8,6 +8,7 @@ indexes (target, probe, started_at) and (probe, started_at) serve every query he
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import ColumnElement, Engine, Float, case, func, select
+from sqlalchemy import ColumnElement, Engine, Float, Integer, case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from iepm.errors import StoreError
@@ -286,8 +287,24 @@ class Queries:
         return [found[rid] for rid in ids if rid in found]
 
     def probes(self) -> list[str]:
-        query = select(RESULTS.c.probe).distinct().order_by(RESULTS.c.probe)
-        return [r[0] for r in self._rows(query)]
+        """Probes with results: one index probe per registered probe (a DISTINCT would read
+        the whole (probe, started_at) index), plus, rarely, names no longer registered."""
+        from iepm.probes import PROBES
+
+        found = [
+            name
+            for name in sorted(PROBES)
+            if self._rows(select(RESULTS.c.id).where(RESULTS.c.probe == name).limit(1))
+        ]
+        # Any other name sorts between two registered ones: one index seek per gap.
+        names = sorted(PROBES)
+        gaps = [RESULTS.c.probe < names[0], RESULTS.c.probe > names[-1]] + [
+            (RESULTS.c.probe > a) & (RESULTS.c.probe < b) for a, b in itertools.pairwise(names)
+        ]
+        if any(self._rows(select(RESULTS.c.id).where(gap).limit(1)) for gap in gaps):
+            query = select(RESULTS.c.probe).distinct().order_by(RESULTS.c.probe)
+            return [r[0] for r in self._rows(query)]
+        return found
 
     def target_probes(self) -> list[dict[str, Any]]:
         """Per target and probe: results, first and last start — read from the (target, probe,
@@ -369,6 +386,59 @@ class Queries:
         )
         return [(r[0], int(r[1]), int(r[2] or 0)) for r in self._rows(query)]
 
+    def period_means(
+        self,
+        period_s: int,
+        shift_s: int,
+        *,
+        target: str,
+        monitor: str | None,
+        since: datetime,
+        until: datetime,
+    ) -> list[tuple[float, int, float | None, float | None, float | None, int]]:
+        """Per period of ``period_s`` seconds (starting at multiples of it, minus ``shift_s``)
+        over successful runs: (start epoch s, ping runs, mean rtt_avg_ms, mean loss_percent,
+        mean throughput_bps, iperf3 runs). Aggregated in the database: a year of one target
+        is thousands of rows, its weeks are 53."""
+        if self.engine.dialect.name == "sqlite":
+            # Integer division: SQLite's floor() needs its optional math functions.
+            seconds = func.cast(func.strftime("%s", RESULTS.c.started_at), Integer)
+            bucket = (seconds + shift_s).self_group().op("/")(period_s).label("bucket")
+        else:
+            epoch_s = func.extract("epoch", RESULTS.c.started_at)
+            bucket = func.floor((epoch_s + shift_s) / period_s).label("bucket")
+        ok = RESULTS.c.outcome == "ok"
+        ping = ok & (RESULTS.c.probe == "ping")
+        iperf = ok & (RESULTS.c.probe == "iperf3")
+        rtt = case((ping, RESULTS.c.data["rtt_avg_ms"].as_float()))
+        loss = case((ping, RESULTS.c.data["loss_percent"].as_float()))
+        thr = case((iperf, RESULTS.c.data["throughput_bps"].as_float()))
+        query = (
+            select(
+                bucket,
+                func.count(rtt),
+                func.avg(rtt),
+                func.avg(loss),
+                func.avg(thr),
+                func.count(thr),
+            )
+            .where(*_conditions(["ping", "iperf3"], target, monitor, since, until))
+            .group_by(bucket)
+            .order_by(bucket)
+        )
+        return [
+            (
+                float(b) * period_s - shift_s,
+                int(n_ping),
+                _opt(mean_rtt),
+                _opt(mean_loss),
+                _opt(mean_thr),
+                int(n_iperf),
+            )
+            for b, n_ping, mean_rtt, mean_loss, mean_thr, n_iperf in self._rows(query)
+            if n_ping or n_iperf
+        ]
+
     # -- alerts and studies (written by the analysis and tuning layers; read as stored) -------
 
     def alerts(
@@ -434,6 +504,10 @@ class Queries:
             .offset(offset)
         )
         return int(total), [dict(r._mapping) for r in self._rows(query)]
+
+
+def _opt(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _aware(value: datetime | str | None) -> datetime | None:

@@ -753,14 +753,6 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
     trace = q.frame("traceroute", ["hop_count"], **window)
     routes = route_changes(q.documents("traceroute", **window))
     events = [r[0].timestamp() for r in routes if r[3]]
-    long = q.frame(
-        ["ping", "iperf3"],
-        ["rtt_avg_ms", "loss_percent", "throughput_bps"],
-        target=target,
-        monitor=monitor,
-        since=now - YEAR,
-        until=now,
-    )
     ping_ok, iperf_ok = ping.ok(), iperf.ok()
     tables = {
         t.name: t
@@ -781,7 +773,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             stats_table({"ping": ping, "iperf3": iperf, "traceroute": trace}),
             histogram_table(iperf.values["throughput_bps"][iperf_ok]),
             cdf_table(ping.values["rtt_avg_ms"][ping_ok]),
-            weekly_table(long),
+            weekly_table(q, target, monitor, now),
             _facts(
                 latest_document(q, "load", target, monitor) or latest_document(q, "load", target)
             ),
@@ -915,23 +907,39 @@ def period_table(frame: Frame, period: Period, name: str, title: str) -> Table:
                 th[0] if th else 0,
             ]
         )
-    return Table(
-        name,
-        title,
-        [
-            col("period_start", f"start of the {period}, UTC"),
-            col("ping_count", "successful ping runs"),
-            col("rtt_avg_ms_mean", "mean of the runs' average RTT, ms"),
-            col("loss_percent_mean", "mean loss, percent"),
-            col("throughput_bps_mean", "mean iperf3 throughput, bit/s"),
-            col("iperf3_count", "successful iperf3 runs"),
-        ],
-        rows,
+    return Table(name, title, period_columns(period), rows)
+
+
+def period_columns(period: str) -> list[Column]:
+    return [
+        col("period_start", f"start of the {period}, UTC"),
+        col("ping_count", "successful ping runs"),
+        col("rtt_avg_ms_mean", "mean of the runs' average RTT, ms"),
+        col("loss_percent_mean", "mean loss, percent"),
+        col("throughput_bps_mean", "mean iperf3 throughput, bit/s"),
+        col("iperf3_count", "successful iperf3 runs"),
+    ]
+
+
+def weekly_table(q: Queries, target: str, monitor: str | None, now: datetime) -> Table:
+    """Week means over the year before ``now`` (as ``period_table``, computed in the database)."""
+    rows = q.period_means(
+        7 * 86400,
+        MONDAY_SHIFT_DAYS * 86400,
+        target=target,
+        monitor=monitor,
+        since=now - YEAR,
+        until=now,
     )
-
-
-def weekly_table(frame: Frame) -> Table:
-    return period_table(frame, "week", "weekly", "weekly means")
+    return Table(
+        "weekly",
+        "weekly means",
+        period_columns("week"),
+        [
+            [at(start), n_ping, rtt, loss, thr, n_iperf]
+            for start, n_ping, rtt, loss, thr, n_iperf in rows
+        ],
+    )
 
 
 def monthly_table(frame: Frame) -> Table:

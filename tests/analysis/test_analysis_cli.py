@@ -74,6 +74,17 @@ def test_diurnal_json(step_csv: Path) -> None:
         ("2023-01-01 00:00:00,1\n", "only 1 data row"),
         ("2023-01-01 00:00:00,1\n2023-01-01 01:00:00,x\n", ":2: value 'x' is not a number"),
         ("2023-01-01 00:00:00,0\n2023-01-01 01:00:00,0\n", "every value is zero"),
+        ("timestamp,value\n", "no data rows"),
+        ("2023-01-01 00:00:00,1\n2023-01-01 01:00:00,nan\n", ":2: value 'nan' is not finite"),
+        ("2023-01-01 00:00:00,-inf\n2023-01-01 01:00:00,1\n", ":1: value '-inf' is not finite"),
+        (
+            "2023-01-01 02:00:00,1\n2023-01-01 01:00:00,2\n",
+            ":2: timestamp '2023-01-01 01:00:00' is earlier than line 1",
+        ),
+        (
+            "2023-01-01 01:00:00,1\n2023-01-01 01:00:00,2\n",
+            ":2: timestamp '2023-01-01 01:00:00' repeats the timestamp of line 1",
+        ),
     ],
 )
 def test_bad_input_exit_2_without_traceback(
@@ -92,3 +103,28 @@ def test_unknown_method_and_missing_file(tmp_path: Path, step_csv: Path) -> None
     assert res.exit_code == 2 and "unknown method 'oracle'" in res.stderr
     res = runner.invoke(app, ["changes", "--csv", str(tmp_path / "none.csv")])
     assert res.exit_code == 2 and "cannot read" in res.stderr
+
+
+def test_forecast_needs_six_rows_and_says_so(tmp_path: Path) -> None:
+    p = tmp_path / "short.csv"
+    p.write_text(
+        "".join(f"{iso(t)},{v}\n" for t, v in zip(hourly(5), [1, 2, 3, 4, 5], strict=True))
+    )
+    res = runner.invoke(app, ["forecast", "--csv", str(p)])
+    assert res.exit_code == 2 and "only 5 data row(s); at least 6 are needed" in res.stderr
+    # Changes and diurnal work on any length: a short series simply shows no change / no fit.
+    res = runner.invoke(app, ["changes", "--csv", str(p), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout) == []
+    res = runner.invoke(app, ["diurnal", "--csv", str(p), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["weekdays"]["diurnal"] is False
+
+
+@pytest.mark.parametrize("command", ["forecast", "changes", "diurnal"])
+def test_extreme_values_give_results_not_warnings(tmp_path: Path, command: str) -> None:
+    values = [-1.0, 1e308, -1e308, 0.0, 0.0, 3.0, 1e-300, 5.0]
+    p = tmp_path / "wild.csv"
+    p.write_text("".join(f"{iso(t)},{v!r}\n" for t, v in zip(hourly(8), values, strict=True)))
+    res = runner.invoke(app, [command, "--csv", str(p), "--json"])
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    json.loads(res.stdout)

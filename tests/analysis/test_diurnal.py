@@ -63,3 +63,10 @@ def test_degenerate_input_gives_no_flag_and_no_error(n: int) -> None:
     assert not f.diurnal and f.delta_b == math.inf
     d = f.as_dict()
     assert d["delta_b"] is None  # JSON-safe
+
+
+def test_a_few_hours_of_trend_are_not_diurnal() -> None:
+    # Five hourly samples of a ramp fit a piece of sine with a tight phase; they do not span the
+    # day, so the path is not called diurnal.
+    f = fit_diurnal(T0 + 3600.0 * np.arange(5), np.arange(1.0, 6.0))["weekdays"]
+    assert f.delta_b < 0.2 and f.day_coverage < 0.75 and not f.diurnal

@@ -264,7 +264,7 @@ probes = ["ping"]
         alerting = AlertWatcher(archive, "mon")
         scheduler = Scheduler(config, archive, watchers=[broken, alerting])
         with caplog.at_level(logging.ERROR, logger="iepm.scheduler"):
-            reports = asyncio.run(scheduler.run(cycles=2))
+            reports = [asyncio.run(scheduler.run_cycle()) for _ in range(2)]
         stored = list(archive.results())
     assert [len(r.results) for r in reports] == [1, 1]
     assert {r.id for r in stored} == set(broken.seen)
@@ -297,3 +297,49 @@ log_dir = "{tmp_path}/raw"
         off = Scheduler(load_config_text(base + "alerts = false\n"), archive)
         assert off.watchers == [] and off.cadence is None
         assert Scheduler(load_config_text(base), archive, watchers=[]).watchers == []
+
+
+def test_alerts_command_lists_stored_alerts(tmp_path: Path, step_file: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from iepm.analysis.cli import register
+
+    app = typer.Typer()
+    register(app)
+    url = f"sqlite:///{tmp_path}/a.db"
+    upto = [r for r in ndt_results(step_file) if r.started_at < STEP_AT + timedelta(days=1)]
+    with Archive.open(url) as archive:
+        feed(archive, AlertWatcher(archive, "mon"), upto)
+        stored = load_alerts(archive)
+    runner = CliRunner()
+    res = runner.invoke(app, ["alerts", "--db", url, "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["id"] for r in rows] == [a.id for a in stored] and rows[-1]["cause"] == "unknown"
+    assert rows[-1]["delivered_at"] is None and rows[-1]["delivery_attempts"] == 0
+    res = runner.invoke(app, ["alerts", "--db", url, "--since", "2023-08-21"])
+    assert res.exit_code == 0 and res.stdout.count("\n") == 2  # header and the step
+    assert "throughput_bps\tdown" in res.stdout and "no (0 attempts)" in res.stdout
+    res = runner.invoke(app, ["alerts"])
+    assert res.exit_code == 2 and "give --db URL or --config FILE" in res.stderr
+    res = runner.invoke(app, ["alerts", "--db", url, "--since", "last tuesday"])
+    assert res.exit_code == 2 and "--since: not an ISO date" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ('webhook_url = "ftp://ops/x"', "monitor.webhook_url: String should match pattern"),
+        ("webhook_attempts = 0", "monitor.webhook_attempts: Input should be greater than or"),
+        ("adaptive_min_factor = 5\nadaptive_max_factor = 2", "must not exceed adaptive_max"),
+    ],
+)
+def test_bad_alert_and_adaptive_settings_are_refused_with_their_line(
+    fields: str, message: str
+) -> None:
+    from iepm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"<config>:[0-9]+: ") as err:
+        load_config_text(f'[monitor]\nname = "m"\n{fields}\n')
+    assert message in str(err.value)

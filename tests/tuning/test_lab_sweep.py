@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from iepm.cli import app
 from iepm.config import load_config_text
 from iepm.lab.testing import LabFactory
 from iepm.probes.base import ProbeContext
@@ -131,5 +133,17 @@ probes = ["ping", "iperf3"]
 
         tuned = _scheduler_throughput(config_text, archive)
     lab.stop(server)
+
+    # The sweep as a table and as the seeds' Figure 4 (one line per window), from the archive.
+    url = f"sqlite:///{tmp_path / 'archive.db'}"
+    svg = tmp_path / "sweep.svg"
+    shown = CliRunner().invoke(app, ["study", "show", study.id, "--db", url, "--plot", str(svg)])
+    assert shown.exit_code == 0, shown.output
+    assert "improvement over 1 stream × default window" in shown.output
+    text = svg.read_text()
+    assert text.count("<polyline") == 2 and "window 16K" in text and "window 256K" in text
+    tsv = CliRunner().invoke(app, ["study", "show", study.id, "--db", url, "--format", "tsv"])
+    lines = tsv.output.splitlines()
+    assert lines[0].startswith("# sweep study") and len(lines) == 2 + len(points)
     # `iepm run` (the scheduler) on that path is faster with the chosen parameters.
     assert tuned > 2 * untuned, (untuned, tuned)

@@ -477,3 +477,27 @@ def test_metrics_count_alerts_by_cause(client: TestClient, archive: Archive) -> 
         for s in family.samples
     }
     assert samples == dict(Counter(str(r["cause"]) for r in alert_rows(archive)))
+
+
+def test_target_weekly_means_equal_independent_ones(client: TestClient, archive: Archive) -> None:
+    weeks: dict[datetime, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in archive.results(target="kek-3", monitor="slac-mon", until=data.END):
+        if r.probe not in ("ping", "iperf3") or not r.succeeded:
+            continue
+        day = r.started_at.replace(hour=0, minute=0, second=0, microsecond=0)
+        monday = day - timedelta(days=day.weekday())
+        for key in ("rtt_avg_ms", "loss_percent", "throughput_bps"):
+            if key in r.data:
+                weeks[monday][key].append(r.data[key])
+    rows = csv_rows(client, f"/targets/kek-3/tables/weekly?until={END}")
+    assert [r["period_start"] for r in rows] == [format_time(w) for w in sorted(weeks)]
+    for row, week in zip(rows, sorted(weeks), strict=True):
+        got = weeks[week]
+        assert row["ping_count"] == str(len(got["rtt_avg_ms"]))
+        assert row["iperf3_count"] == str(len(got["throughput_bps"]))
+        assert float(row["rtt_avg_ms_mean"]) == pytest.approx(
+            statistics.fmean(got["rtt_avg_ms"]), rel=1e-5
+        )
+        assert float(row["throughput_bps_mean"]) == pytest.approx(
+            statistics.fmean(got["throughput_bps"]), rel=1e-5
+        )
