@@ -29,7 +29,7 @@ test-lab: deps
 	$(BIN)/pytest -m lab
 
 demo: deps
-	$(BIN)/iepm demo
+	$(BIN)/python -m iepm.cli demo
 
 bench: deps
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
