@@ -6,11 +6,17 @@ Tests marked ``lab`` need root (network namespaces, TUN devices); they are skipp
 
 from __future__ import annotations
 
+import tempfile
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from iepm.lab.testing import LabFactory, lab_unavailable, sweep_stale_labs
+
+# pg_server is a session fixture: importing it makes it available to every test directory.
+from tests.pg import PgServer, pg_server  # noqa: F401
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -39,3 +45,20 @@ def module_lab_factory(_stale_labs_swept: list[str]) -> Iterator[LabFactory]:
     """Like ``lab_factory`` but the labs live for the whole module (expensive shared labs)."""
     with LabFactory() as factory:
         yield factory
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
+def archive_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a new, empty archive: a SQLite file, or a fresh database on a real
+    PostgreSQL server (tests/pg.py); both removed afterwards."""
+    if request.param == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="iepm-test-archive-") as path:
+            yield f"sqlite:///{Path(path) / 'archive' / 'iepm.db'}"
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    name = f"iepm_test_{uuid.uuid4().hex[:12]}"
+    url = server.create_database(name)
+    try:
+        yield url
+    finally:
+        server.drop_database(name)

@@ -1,4 +1,4 @@
-"""Fixtures for the tuning studies: labs (tests marked ``lab`` need root) and archives."""
+"""Fixtures for the tuning studies (the lab fixtures come from tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,32 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from iepm.lab.testing import LabFactory, lab_unavailable, sweep_stale_labs
 from iepm.store import Archive
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("lab") is not None:
-        reason = lab_unavailable()
-        if reason is not None:
-            pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def _stale_labs_swept() -> list[str]:
-    return sweep_stale_labs()
-
-
-@pytest.fixture
-def lab_factory(_stale_labs_swept: list[str]) -> Iterator[LabFactory]:
-    with LabFactory() as factory:
-        yield factory
-
-
-@pytest.fixture(scope="module")
-def module_lab_factory(_stale_labs_swept: list[str]) -> Iterator[LabFactory]:
-    with LabFactory() as factory:
-        yield factory
 
 
 @pytest.fixture
