@@ -1,4 +1,5 @@
-"""Shared test helpers: loopback iperf3 servers and small namespaces, cleaned up by PID/name."""
+"""Shared test helpers: loopback iperf3 servers and small namespaces (cleaned up by PID/name),
+and a mutator of real tool outputs for the parsers' property tests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import psutil
+from hypothesis import strategies as st
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -120,3 +122,29 @@ def blackhole_netns(prefix: str = "iepmt") -> Iterator[tuple[str, str]]:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+def mutate_output(
+    draw: st.DataObject, text: str, insertions: st.SearchStrategy[str], characters: str
+) -> str:
+    """A real tool output damaged 1-6 times: a cut, an inserted fragment (``insertions``), a
+    duplicated or swapped line, or one character replaced by one of ``characters``."""
+    for _ in range(draw.draw(st.integers(1, 6))):
+        lines = text.splitlines(keepends=True) or [""]
+        op = draw.draw(st.sampled_from(["cut", "insert", "dup", "swap", "digit"]))
+        i = draw.draw(st.integers(0, len(text)))
+        if op == "cut":
+            text = text[:i] + text[i + draw.draw(st.integers(1, 40)) :]
+        elif op == "insert":
+            text = text[:i] + draw.draw(st.one_of(st.text(max_size=20), insertions)) + text[i:]
+        elif op == "digit":
+            text = text[:i] + draw.draw(st.sampled_from(characters)) + text[i + 1 :]
+        else:
+            k = draw.draw(st.integers(0, len(lines) - 1))
+            m = draw.draw(st.integers(0, len(lines) - 1))
+            if op == "dup":
+                lines.insert(k, lines[m])
+            else:
+                lines[k], lines[m] = lines[m], lines[k]
+            text = "".join(lines)
+    return text

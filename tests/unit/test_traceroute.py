@@ -18,6 +18,7 @@ from iepm.errors import ParseError, ToolFailed
 from iepm.probes import traceroute
 from iepm.probes.base import ProbeContext
 from iepm.runner import RawRun
+from tests.helpers import mutate_output
 
 REPO = Path(__file__).resolve().parents[2]
 JC_DIR = REPO / "../shared/data/fixtures/linux-ping-traceroute"
@@ -351,24 +352,7 @@ def test_truncated_real_outputs(text: str, start: float, end: float) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(ALL_TEXTS), st.data())
 def test_mutated_real_outputs(text: str, draw: st.DataObject) -> None:
-    for _ in range(draw.draw(st.integers(1, 6))):
-        lines = text.splitlines(keepends=True) or [""]
-        op = draw.draw(st.sampled_from(["cut", "insert", "dup", "swap", "digit"]))
-        i = draw.draw(st.integers(0, len(text)))
-        if op == "cut":
-            text = text[:i] + text[i + draw.draw(st.integers(1, 40)) :]
-        elif op == "insert":
-            text = text[:i] + draw.draw(st.one_of(st.text(max_size=20), trace_like)) + text[i:]
-        elif op == "digit":
-            text = text[:i] + draw.draw(st.sampled_from("0123456789.*!()<>[]")) + text[i + 1 :]
-        else:
-            k = draw.draw(st.integers(0, len(lines) - 1))
-            m = draw.draw(st.integers(0, len(lines) - 1))
-            if op == "dup":
-                lines.insert(k, lines[m])
-            else:
-                lines[k], lines[m] = lines[m], lines[k]
-            text = "".join(lines)
+    text = mutate_output(draw, text, trace_like, "0123456789.*!()<>[]")
     parse_quietly(text)
 
 
