@@ -10,11 +10,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import ColumnElement, delete, insert, select
 
 from iepm.results import utcnow
 from iepm.store import Archive
 from iepm.store.schema import tuned_params
+
+
+def _path(monitor: str, target: str, probe: str) -> ColumnElement[bool]:
+    return (
+        (tuned_params.c.monitor == monitor)
+        & (tuned_params.c.target == target)
+        & (tuned_params.c.probe == probe)
+    )
 
 
 def save_tuned(
@@ -28,13 +36,8 @@ def save_tuned(
     set_at: datetime | None = None,
 ) -> None:
     """Store (replacing any earlier choice) the parameters ``probe`` should use on this path."""
-    key = (
-        (tuned_params.c.monitor == monitor)
-        & (tuned_params.c.target == target)
-        & (tuned_params.c.probe == probe)
-    )
     with archive.writing(f"cannot store tuned {probe} parameters for {target}") as conn:
-        conn.execute(delete(tuned_params).where(key))
+        conn.execute(delete(tuned_params).where(_path(monitor, target, probe)))
         conn.execute(
             insert(tuned_params).values(
                 monitor=monitor,
@@ -49,22 +52,7 @@ def save_tuned(
 
 def load_tuned(archive: Archive, *, monitor: str, target: str, probe: str) -> dict[str, Any]:
     """The stored parameters for this path and probe, or ``{}`` when none were chosen."""
-    query = select(tuned_params.c.params).where(
-        (tuned_params.c.monitor == monitor)
-        & (tuned_params.c.target == target)
-        & (tuned_params.c.probe == probe)
-    )
+    query = select(tuned_params.c.params).where(_path(monitor, target, probe))
     with archive.reading(f"cannot read tuned {probe} parameters for {target}") as conn:
         params = conn.execute(query).scalar_one_or_none()
     return dict(params) if params else {}
-
-
-def clear_tuned(archive: Archive, *, monitor: str, target: str, probe: str) -> None:
-    with archive.writing(f"cannot clear tuned {probe} parameters for {target}") as conn:
-        conn.execute(
-            delete(tuned_params).where(
-                (tuned_params.c.monitor == monitor)
-                & (tuned_params.c.target == target)
-                & (tuned_params.c.probe == probe)
-            )
-        )

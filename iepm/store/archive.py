@@ -364,11 +364,6 @@ class Archive:
 
     # -- for modules that own other tables (alerts, studies, tuned parameters) ---------------
 
-    @property
-    def engine(self) -> Engine:
-        """The SQLAlchemy engine, for reads of the tables in ``iepm.store.schema``."""
-        return self._engine
-
     @contextmanager
     def writing(self, doing: str) -> Iterator[Connection]:
         """One write transaction (serialised with every other writer on SQLite), committed when
