@@ -16,29 +16,31 @@ Rows are written straight into the ``results`` table in the envelope's stored fo
 columns ``Archive.add_many`` writes; one envelope is checked against ``Result`` first), because
 building a million pydantic envelopes would take longer than the measurement.
 
-Measured, each for --requests requests spread over 20 concurrent clients (httpx async, one
-connection each): the overview page, a target page (random target), and /api/v1/results
-(random target, probe=ping, 28-day window, 100 results, random offset). The server runs in
-its own process, started as a user starts it: `iepm serve --workers N` (default 2, one per
-core). Pages' figures are computed once per 30 s per worker (concurrent requests wait for that
-one computation), so a target's first request is the expensive one; the overview's first
-(cold) request is reported separately. PostgreSQL is a private throwaway cluster
-(tests/pg.py: initdb in a temporary directory, removed afterwards). Prints one JSON object.
+Measured with wrk (Debian's C load generator: one thread, 20 connections, each sending its
+next request as soon as the last is answered) for --seconds per endpoint: the overview page, a
+target page (random targets, so both computed and cached pages), every target's first visit
+(each page computed for that very request: the worst case), and /api/v1/results (random
+target, probe=ping, 28-day window, 100 results, random offset). The server runs in its own
+process, started as a user starts it: `iepm serve --workers N` (default 2, one per core).
+Pages' figures are computed once per 30 s per worker (concurrent requests wait for that one
+computation, later ones get the last copy while it is refreshed); the overview's first (cold)
+request is reported separately. PostgreSQL is a private throwaway cluster (tests/pg.py: initdb
+in a temporary directory, removed afterwards). Prints one JSON object.
 
-    .venv/bin/python benchmarks/web.py [--targets 100] [--years 2] [--requests 300]
+    .venv/bin/python benchmarks/web.py [--targets 100] [--years 2] [--seconds 10]
         [--backends sqlite,postgresql] [--workers 2] [--db URL (an existing archive)]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
 import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -217,48 +219,84 @@ def start_server(url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
     raise SystemExit("the server did not start within 60 s")
 
 
-async def load(base: str, paths: list[str]) -> list[float]:
-    """Run ``paths`` over CLIENTS concurrent clients; latencies in seconds, all must be 200."""
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    for path in paths:
-        queue.put_nowait(path)
-    latencies: list[float] = []
-
-    async def client() -> None:
-        limits = httpx.Limits(max_connections=1)
-        async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
-            while not queue.empty():
-                path = queue.get_nowait()
-                t0 = time.perf_counter()
-                response = await http.get(path)
-                latencies.append(time.perf_counter() - t0)
-                if response.status_code != 200:
-                    raise SystemExit(f"{path}: {response.status_code} {response.text[:200]}")
-
-    await asyncio.gather(*(client() for _ in range(CLIENTS)))
-    return latencies
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    rank = q / 100 * (len(ordered) - 1)
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+WRK_SCRIPT = r"""
+-- Requests the paths listed in $IEPM_WRK_PATHS in order, round robin; stops after
+-- $IEPM_WRK_LIMIT responses when that is > 0; prints one JSON line with the figures.
+local paths = {}
+for line in io.lines(os.getenv("IEPM_WRK_PATHS")) do paths[#paths + 1] = line end
+local limit = tonumber(os.getenv("IEPM_WRK_LIMIT") or "0")
+local i, answered, bad = 0, 0, 0
+request = function()
+  i = i % #paths + 1
+  return wrk.format("GET", paths[i])
+end
+response = function(status, headers, body)
+  answered = answered + 1
+  if status ~= 200 then bad = bad + 1 end
+  if limit > 0 and answered >= limit then wrk.thread:stop() end
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '{"requests": %d, "socket_errors": %d, "non_2xx": %d, "p50_us": %d, "p90_us": %d, ' ..
+    '"p99_us": %d, "max_us": %d, "mean_us": %.1f, "duration_us": %d}\n',
+    summary.requests, e.connect + e.read + e.write + e.timeout, e.status,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
+    latency.mean, summary.duration))
+end
+"""
 
 
-def figures(latencies: list[float], baseline: dict[str, float]) -> dict[str, Any]:
-    p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
-    return {
-        "requests": len(latencies),
+def load(base: str, paths: list[str], seconds: float, limit: int = 0) -> dict[str, Any]:
+    """``wrk`` with CLIENTS connections on one thread, requesting ``paths`` round robin for
+    ``seconds`` (or until ``limit`` responses); its figures. wrk is C with an event loop: it
+    costs the two cores a fraction of what a Python client would, so the figures measure the
+    server rather than the load generator."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: scripts/install-system-deps.sh installs it (Debian wrk)")
+    with tempfile.TemporaryDirectory(prefix="iepm-wrk-") as tmp:
+        listing, script = Path(tmp, "paths"), Path(tmp, "load.lua")
+        listing.write_text("\n".join(paths) + "\n", encoding="utf-8")
+        script.write_text(WRK_SCRIPT, encoding="utf-8")
+        env = {**os.environ, "IEPM_WRK_PATHS": str(listing), "IEPM_WRK_LIMIT": str(limit)}
+        argv = ["wrk", "-t1", f"-c{CLIENTS}", f"-d{seconds:g}s", "--timeout", "30s"]
+        proc = subprocess.run(
+            [*argv, "-s", str(script), base],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=False,
+            start_new_session=True,
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"wrk failed ({proc.returncode}): {proc.stderr.strip()[:300]}")
+    out: dict[str, Any] = json.loads(lines[-1])
+    if out["socket_errors"] or out["non_2xx"]:
+        raise SystemExit(
+            f"{paths[0]}…: {out['socket_errors']} socket errors, {out['non_2xx']} non-2xx answers"
+        )
+    return out
+
+
+def figures(run: dict[str, Any], baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+    p50, p99 = run["p50_us"] / 1000, run["p99_us"] / 1000
+    out: dict[str, Any] = {
+        "requests": run["requests"],
+        "per_second": round(run["requests"] / (run["duration_us"] / 1e6), 1),
         "p50_ms": round(p50, 2),
+        "p90_ms": round(run["p90_us"] / 1000, 2),
         "p99_ms": round(p99, 2),
-        "ratio_p50": round(p50 / baseline["p50_ms"], 1),
-        "ratio_p99": round(p99 / baseline["p99_ms"], 1),
+        "max_ms": round(run["max_us"] / 1000, 2),
     }
+    if baseline is not None:
+        out["ratio_p50"] = round(p50 / (baseline["p50_us"] / 1000), 1)
+        out["ratio_p99"] = round(p99 / (baseline["p99_us"] / 1000), 1)
+    return out
 
 
-def measure(url: str, requests: int, workers: int, seed: int) -> dict[str, Any]:
+def measure(url: str, seconds: float, workers: int, seed: int) -> dict[str, Any]:
     """Serve the archive at ``url`` and load it; the figures of one backend."""
     with Archive.open(url) as archive:
         total = archive.count()
@@ -271,9 +309,14 @@ def measure(url: str, requests: int, workers: int, seed: int) -> dict[str, Any]:
     port = free_port()
     server = start_server(url, port, workers)
     base = f"http://127.0.0.1:{port}"
-    n = requests
     # The API window: the archive's last 28 days, whenever it was built.
     since = format_time(last.started_at + timedelta(seconds=1) - timedelta(days=28))
+    random_targets = [f"/targets/{rng.choice(targets)}" for _ in range(10_000)]
+    api_paths = [
+        f"/api/v1/results?target={rng.choice(targets)}&probe=ping&since={since}"
+        f"&limit=100&offset={rng.randrange(0, 100)}"
+        for _ in range(10_000)
+    ]
     try:
         t0 = time.perf_counter()
         cold = httpx.get(f"{base}/", timeout=120)
@@ -281,24 +324,15 @@ def measure(url: str, requests: int, workers: int, seed: int) -> dict[str, Any]:
         if cold.status_code != 200:
             raise SystemExit(f"/: {cold.status_code} {cold.text[:300]}")
         # Warm-up (connections, first imports and queries in every worker), not counted.
-        asyncio.run(load(base, ["/api/v1/health"] * 2 * CLIENTS + ["/"] * 2 * CLIENTS))
-        health = asyncio.run(load(base, ["/api/v1/health"] * n))
-        baseline = {
-            "p50_ms": percentile(health, 50) * 1000,
-            "p99_ms": percentile(health, 99) * 1000,
-        }
-        overview = asyncio.run(load(base, ["/"] * n))
-        target_page = asyncio.run(load(base, [f"/targets/{rng.choice(targets)}" for _ in range(n)]))
-        api = asyncio.run(
-            load(
-                base,
-                [
-                    f"/api/v1/results?target={rng.choice(targets)}&probe=ping&since={since}"
-                    f"&limit=100&offset={rng.randrange(0, 100)}"
-                    for _ in range(n)
-                ],
-            )
-        )
+        load(base, ["/api/v1/health", "/"], 2)
+        health = load(base, ["/api/v1/health"], seconds)
+        # Every target's first visit (nothing cached: the page is computed for that request),
+        # under the same 20 clients.
+        first_visits = [f"/targets/{t}" for t in rng.sample(targets, len(targets))]
+        cold_targets = load(base, first_visits, seconds, limit=len(first_visits))
+        overview = load(base, ["/"], seconds)
+        target_page = load(base, random_targets, seconds)
+        api = load(base, api_paths, seconds)
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and its workers, by our child's PID
         try:
@@ -310,11 +344,12 @@ def measure(url: str, requests: int, workers: int, seed: int) -> dict[str, Any]:
         "results": total,
         "targets": len(targets),
         "days": (last.started_at - first.started_at).days + 1,
-        "baseline": {"endpoint": "/api/v1/health", **{k: round(v, 2) for k, v in baseline.items()}},
+        "baseline": {"endpoint": "/api/v1/health", **figures(health)},
         "overview_cold_ms": round(overview_cold_ms, 1),
-        "overview": figures(overview, baseline),
-        "target_page": figures(target_page, baseline),
-        "api_results": figures(api, baseline),
+        "overview": figures(overview, health),
+        "target_page": figures(target_page, health),
+        "target_page_first_visits": figures(cold_targets, health),
+        "api_results": figures(api, health),
     }
 
 
@@ -338,7 +373,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", type=int, default=100)
     parser.add_argument("--years", type=float, default=2.0)
-    parser.add_argument("--requests", type=int, default=300, help="per endpoint")
+    parser.add_argument("--seconds", type=float, default=10.0, help="of load per endpoint")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2, help="iepm serve --workers")
     parser.add_argument("--backends", default="sqlite,postgresql")
@@ -349,13 +384,13 @@ def main() -> None:
         "benchmark": "web",
         "clients": CLIENTS,
         "workers": args.workers,
-        "requests_per_endpoint": args.requests,
+        "seconds_per_endpoint": args.seconds,
         "aim_p99_ms": 300,
         "backends": {},
     }
     if args.db:
         out["backends"][args.db.split(":", 1)[0]] = measure(
-            args.db, args.requests, args.workers, args.seed
+            args.db, args.seconds, args.workers, args.seed
         )
     else:
         out.update(targets=args.targets, years=args.years)
@@ -364,7 +399,7 @@ def main() -> None:
                 raise SystemExit(f"--backends: unknown backend {backend!r}")
             with archive_url(backend) as url:
                 build_s = build(url, args.targets, days, args.seed)
-                figures_ = measure(url, args.requests, args.workers, args.seed)
+                figures_ = measure(url, args.seconds, args.workers, args.seed)
                 out["backends"][backend] = {"archive_build_s": round(build_s, 1), **figures_}
             print(json.dumps({backend: out["backends"][backend]}), file=sys.stderr)
     print(json.dumps(out, indent=2))

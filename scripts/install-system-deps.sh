@@ -14,6 +14,7 @@ declare -A NEEDED=(
   [/usr/lib/postgresql/15/bin/initdb]=postgresql
   [chromium]=chromium            # browser tests (Playwright drives Debian's chromium)
   [/usr/sbin/sshd]=openssh-server  # SSH-mode lab tests start private sshd instances
+  [wrk]=wrk                      # benchmarks/web.py's load generator (C, light on the CPU)
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

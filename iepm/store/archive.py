@@ -43,7 +43,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from iepm.errors import StoreError
-from iepm.results import Outcome, Result, new_result_id
+from iepm.results import Outcome, Result, format_time, new_result_id
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import results as RESULTS
 
@@ -296,17 +296,27 @@ class Archive:
         """Results matching every given filter (``since`` inclusive, ``until`` exclusive), by
         start time then id, streamed from the database in batches. Closing the generator
         before the end releases its database connection at once."""
-        if order not in ("asc", "desc"):
-            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
-        keys = (RESULTS.c.started_at, RESULTS.c.id)
-        query = (
-            select(RESULTS)
-            .where(*_filters(probe, target, since, until, monitor, outcome))
-            .order_by(*(key.asc() if order == "asc" else key.desc() for key in keys))
-            .limit(limit)
-            .offset(offset or None)
-        )
+        query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
         return self._stream(query, Result.model_validate, "cannot read results")
+
+    def envelopes(
+        self,
+        probe: str | None = None,
+        target: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        monitor: str | None = None,
+        outcome: Outcome | str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        order: Order = "asc",
+    ) -> Generator[dict[str, Any], None, None]:
+        """As ``results()``, but each result as its JSON-ready envelope (what
+        ``Result.envelope()`` returns), built straight from the stored row: every row was
+        validated when it was written, and validating it again costs the API a third of its
+        time."""
+        query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
+        return self._stream(query, _envelope_of_row, "cannot read results")
 
     def count(
         self,
@@ -403,6 +413,40 @@ class Archive:
             rows = conn.execute(query.execution_options(yield_per=STREAM_BATCH))
             for row in rows.mappings():
                 yield convert(row)
+
+
+def _results_query(
+    probe: str | None,
+    target: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    monitor: str | None,
+    outcome: Outcome | str | None,
+    limit: int | None,
+    offset: int,
+    order: Order,
+) -> Select[Any]:
+    if order not in ("asc", "desc"):
+        raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+    keys = (RESULTS.c.started_at, RESULTS.c.id)
+    return (
+        select(RESULTS)
+        .where(*_filters(probe, target, since, until, monitor, outcome))
+        .order_by(*(key.asc() if order == "asc" else key.desc() for key in keys))
+        .limit(limit)
+        .offset(offset or None)
+    )
+
+
+# The envelope's keys in the order Result declares them (schema spelled as documented).
+_ENVELOPE_KEYS = [field.alias or name for name, field in Result.model_fields.items()]
+
+
+def _envelope_of_row(row: RowMapping) -> dict[str, Any]:
+    envelope = {key: row[key] for key in _ENVELOPE_KEYS}
+    envelope["started_at"] = format_time(row["started_at"])
+    envelope["outcome"] = Outcome(row["outcome"]).value
+    return envelope
 
 
 def _filters(

@@ -9,6 +9,7 @@ indexes (target, probe, started_at) and (probe, started_at) serve every query he
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ FloatArray = npt.NDArray[np.float64]
 # Cached page figures kept at most (then all dropped: a simple bound on memory).
 MAX_CACHED = 512
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 Better = Literal["higher", "lower"]
 
 
@@ -157,8 +159,15 @@ class Queries:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         if hit is not None and time.monotonic() - hit[0] < ttl:
             return hit[1]  # type: ignore[no-any-return]
-        if not key_lock.acquire(blocking=hit is None):
-            return hit[1]  # type: ignore[index, no-any-return]  # stale, being refreshed
+        if hit is not None:
+            # Stale: everyone gets the last copy while one background thread refreshes it, so
+            # no request pays for a refresh (only the very first computation is waited for).
+            if key_lock.acquire(blocking=False):
+                threading.Thread(
+                    target=self._refresh, args=(key, compute, key_lock), daemon=True
+                ).start()
+            return hit[1]  # type: ignore[no-any-return]
+        key_lock.acquire()
         try:
             with self._lock:
                 again = self._cache.get(key)
@@ -173,6 +182,21 @@ class Queries:
             return value
         finally:
             key_lock.release()
+
+    def _refresh(self, key: tuple[Any, ...], compute: Callable[[], Any], lock: Any) -> None:
+        try:
+            value = compute()
+            with self._lock:
+                self._cache[key] = (time.monotonic(), value)
+        except Exception:
+            # The stale copy stays, and is refreshed again no sooner than one TTL from now.
+            log.exception("refreshing %s failed", key[0])
+            with self._lock:
+                old = self._cache.get(key)
+                if old is not None:
+                    self._cache[key] = (time.monotonic(), old[1])
+        finally:
+            lock.release()
 
     def _rows(self, query: Any) -> list[Any]:
         try:

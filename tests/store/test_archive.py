@@ -100,6 +100,15 @@ def test_any_result_round_trips(archive: Archive, result: Result) -> None:
     ]
     assert back == result
     assert back.envelope() == result.envelope()
+    # The API's unvalidated path builds the same envelope from the stored row.
+    (envelope,) = [
+        found
+        for found in archive.envelopes(
+            target=result.target, since=moment, until=moment + timedelta(microseconds=1)
+        )
+        if found["id"] == result.id
+    ]
+    assert envelope == result.envelope()
 
 
 def test_what_a_database_cannot_hold_is_stored_as_the_envelope_shows_it(archive: Archive) -> None:
