@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sqlalchemy import insert
 
 from iepm.results import Result, format_time, new_result_id
-from iepm.store import Archive
+from iepm.store import Archive, rollup
 from iepm.store.schema import results as RESULTS
 
 NDT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ndt"
@@ -183,6 +183,8 @@ def build(url: str, targets: int, days: int, seed: int) -> float:
         conn.execute(insert(RESULTS), [first])
         while batch := list(itertools.islice(rows, 20_000)):
             conn.execute(insert(RESULTS), batch)
+        # Written around Archive.add_many (for speed), so the daily summaries are built here.
+        rollup.rebuild(conn)
     return time.perf_counter() - t0
 
 

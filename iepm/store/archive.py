@@ -44,6 +44,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from iepm.errors import StoreError
 from iepm.results import Outcome, Result, format_time, new_result_id
+from iepm.store import rollup
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import results as RESULTS
 
@@ -250,14 +251,18 @@ class Archive:
         """Store one result in its own transaction, committed (and on SQLite fsynced) on return."""
         with self._writing(f"cannot add result {result.id}") as conn:
             conn.execute(insert(RESULTS), _row(result))
+            rollup.refresh(conn, [_path_day(result)])
 
     def add_many(self, results: Iterable[Result]) -> int:
         """Store many results in one transaction (all or none); returns how many."""
         count = 0
         with self._writing("cannot add results") as conn:
+            touched: set[rollup.PathDay] = set()
             for chunk in _chunks(results, BULK_CHUNK):
                 conn.execute(insert(RESULTS), [_row(result) for result in chunk])
+                touched.update(_path_day(result) for result in chunk)
                 count += len(chunk)
+            rollup.refresh(conn, touched)
         return count
 
     def upsert_by_token(self, result: Result) -> str:
@@ -271,9 +276,14 @@ class Archive:
         statement = statement.on_conflict_do_update(
             index_elements=[RESULTS.c.raw_token],
             set_={key: statement.excluded[key] for key in REEXTRACTED},
-        ).returning(RESULTS.c.id)
+        ).returning(
+            RESULTS.c.id, RESULTS.c.target, RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.started_at
+        )
         with self._writing(f"cannot store re-extracted result {result.id}") as conn:
-            return str(conn.execute(statement).scalar_one())
+            stored_id, target, monitor, probe, started_at = conn.execute(statement).one()
+            # The stored row keeps its own start: that day is the one to recompute.
+            rollup.refresh(conn, [(target, monitor, probe, rollup.day_of(started_at))])
+            return str(stored_id)
 
     def add_cycle(self, cycle: Cycle) -> None:
         with self._writing(f"cannot add cycle {cycle.id}") as conn:
@@ -413,6 +423,10 @@ class Archive:
             rows = conn.execute(query.execution_options(yield_per=STREAM_BATCH))
             for row in rows.mappings():
                 yield convert(row)
+
+
+def _path_day(result: Result) -> rollup.PathDay:
+    return (result.target, result.monitor, result.probe, rollup.day_of(result.started_at))
 
 
 def _results_query(

@@ -15,6 +15,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     Column,
+    Date,
     DateTime,
     Dialect,
     Float,
@@ -156,4 +157,21 @@ tuned_params = Table(
     Column("params", JSON, nullable=False),
     Column("study_id", Text),
     Column("set_at", UtcDateTime, nullable=False),
+)
+
+# Per-day summaries of each path's results (iepm/store/rollup.py keeps them in step with
+# ``results`` in the same transaction as every write): what year-long views read.
+daily = Table(
+    "daily",
+    metadata,
+    Column("target", Text, primary_key=True),
+    Column("monitor", Text, primary_key=True),
+    Column("probe", Text, primary_key=True),
+    Column("day", Date, primary_key=True),
+    Column("metric", Text, primary_key=True),
+    Column("n", Integer, nullable=False),
+    Column("total", Float, nullable=False),
+    Column("total_sq", Float),
+    Column("minimum", Float),
+    Column("maximum", Float),
 )

@@ -12,9 +12,10 @@ import itertools
 import logging
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -24,9 +25,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from iepm.errors import StoreError
 from iepm.results import Result
+from iepm.store import rollup
 from iepm.store.archive import Archive, connect_engine
 from iepm.store.schema import alerts as ALERTS
 from iepm.store.schema import cycles as CYCLES
+from iepm.store.schema import daily as DAILY
 from iepm.store.schema import results as RESULTS
 from iepm.store.schema import studies as STUDIES
 
@@ -263,15 +266,32 @@ class Queries:
 
     def target_monitors(self, target: str, since: datetime | None = None) -> list[tuple[str, int]]:
         """Monitors that measured ``target`` (since ``since``), most results first."""
-        # Naming the probes lets the window use the (target, probe, started_at) index.
-        probes = self.cached(("probes",), self.probes) if since else None
-        query = (
-            select(RESULTS.c.monitor, func.count())
-            .where(*_conditions(probes, target, None, since, None))
-            .group_by(RESULTS.c.monitor)
-            .order_by(func.count().desc(), RESULTS.c.monitor)
-        )
-        return [(r[0], int(r[1])) for r in self._rows(query)]
+        # Whole days from the daily summaries; the part of a day after ``since`` from results.
+        counts: dict[str, int] = defaultdict(int)
+        runs = DAILY.c.metric == rollup.RUNS
+        if since is None:
+            days_query = select(DAILY.c.monitor, func.sum(DAILY.c.n)).where(
+                DAILY.c.target == target, runs
+            )
+        else:
+            first_full = rollup.day_of(since) + timedelta(days=1)
+            days_query = select(DAILY.c.monitor, func.sum(DAILY.c.n)).where(
+                DAILY.c.target == target, runs, DAILY.c.day >= first_full
+            )
+            # Naming the probes lets the window use the (target, probe, started_at) index.
+            probes = self.cached(("probes",), self.probes)
+            part = (
+                select(RESULTS.c.monitor, func.count())
+                .where(
+                    *_conditions(probes, target, None, since, rollup.day_start(first_full)),
+                )
+                .group_by(RESULTS.c.monitor)
+            )
+            for monitor, n in self._rows(part):
+                counts[monitor] += int(n)
+        for monitor, n in self._rows(days_query.group_by(DAILY.c.monitor)):
+            counts[monitor] += int(n or 0)
+        return sorted(((m, n) for m, n in counts.items() if n), key=lambda mn: (-mn[1], mn[0]))
 
     def has_monitor(self, target: str, monitor: str) -> bool:
         query = (
@@ -420,48 +440,86 @@ class Queries:
         since: datetime,
         until: datetime,
     ) -> list[tuple[float, int, float | None, float | None, float | None, int]]:
-        """Per period of ``period_s`` seconds (starting at multiples of it, minus ``shift_s``)
-        over successful runs: (start epoch s, ping runs, mean rtt_avg_ms, mean loss_percent,
-        mean throughput_bps, iperf3 runs). Aggregated in the database: a year of one target
-        is thousands of rows, its weeks are 53."""
-        if self.engine.dialect.name == "sqlite":
-            # Integer division: SQLite's floor() needs its optional math functions.
-            seconds = func.cast(func.strftime("%s", RESULTS.c.started_at), Integer)
-            bucket = (seconds + shift_s).self_group().op("/")(period_s).label("bucket")
+        """Per period of ``period_s`` seconds (starting at multiples of it, minus ``shift_s``;
+        whole UTC days) over successful runs in [since, until): (start epoch s, ping runs,
+        mean rtt_avg_ms, mean loss_percent, mean throughput_bps, iperf3 runs). Whole days come
+        from the daily summaries (a year is 365 rows per metric, not 5,840 results); the partial
+        days at either end from the results themselves, so the figures are exact."""
+        # Per bucket: (count, sum) of rtt_avg_ms, loss_percent and throughput_bps.
+        sums: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0, 0.0])
+        slot = {"rtt_avg_ms": 0, "loss_percent": 2, "throughput_bps": 4}
+        first_full = rollup.day_of(since)
+        if rollup.day_start(first_full) < since:
+            first_full += timedelta(days=1)
+        end_full = rollup.day_of(until)  # days before this one are whole
+        if first_full < end_full:
+            bucket = _bucket(DAILY.c.day, self.engine.dialect.name, period_s, shift_s)
+            query = (
+                select(bucket, DAILY.c.metric, func.sum(DAILY.c.n), func.sum(DAILY.c.total))
+                .where(
+                    DAILY.c.target == target,
+                    DAILY.c.probe.in_(["ping", "iperf3"]),
+                    DAILY.c.metric.in_(list(slot)),
+                    DAILY.c.day >= first_full,
+                    DAILY.c.day < end_full,
+                    *([DAILY.c.monitor == monitor] if monitor is not None else []),
+                )
+                .group_by(bucket, DAILY.c.metric)
+            )
+            for b, metric, n, total in self._rows(query):
+                i = slot[metric]
+                sums[int(b)][i] += int(n)
+                sums[int(b)][i + 1] += float(total)
+            parts = [(since, rollup.day_start(first_full)), (rollup.day_start(end_full), until)]
         else:
-            epoch_s = func.extract("epoch", RESULTS.c.started_at)
-            bucket = func.floor((epoch_s + shift_s) / period_s).label("bucket")
+            parts = [(since, until)]
+        for start, end in parts:
+            if start >= end:
+                continue
+            for bucket, row in self._period_sums(period_s, shift_s, target, monitor, start, end):
+                for i, value in enumerate(row):
+                    sums[bucket][i] += value
+        out = []
+        for bucket in sorted(sums):
+            n_rtt, s_rtt, n_loss, s_loss, n_thr, s_thr = sums[bucket]
+            if not (n_rtt or n_thr):
+                continue
+            out.append(
+                (
+                    float(bucket) * period_s - shift_s,
+                    int(n_rtt),
+                    s_rtt / n_rtt if n_rtt else None,
+                    s_loss / n_loss if n_loss else None,
+                    s_thr / n_thr if n_thr else None,
+                    int(n_thr),
+                )
+            )
+        return out
+
+    def _period_sums(
+        self,
+        period_s: int,
+        shift_s: int,
+        target: str,
+        monitor: str | None,
+        since: datetime,
+        until: datetime,
+    ) -> list[tuple[int, tuple[float, ...]]]:
+        """(bucket, (count, sum) × rtt_avg_ms, loss_percent, throughput_bps) from the results."""
+        bucket = _bucket(RESULTS.c.started_at, self.engine.dialect.name, period_s, shift_s)
         ok = RESULTS.c.outcome == "ok"
         ping = ok & (RESULTS.c.probe == "ping")
         iperf = ok & (RESULTS.c.probe == "iperf3")
         rtt = case((ping, RESULTS.c.data["rtt_avg_ms"].as_float()))
         loss = case((ping, RESULTS.c.data["loss_percent"].as_float()))
         thr = case((iperf, RESULTS.c.data["throughput_bps"].as_float()))
+        columns = [f(v) for v in (rtt, loss, thr) for f in (func.count, func.sum)]
         query = (
-            select(
-                bucket,
-                func.count(rtt),
-                func.avg(rtt),
-                func.avg(loss),
-                func.avg(thr),
-                func.count(thr),
-            )
+            select(bucket, *columns)
             .where(*_conditions(["ping", "iperf3"], target, monitor, since, until))
             .group_by(bucket)
-            .order_by(bucket)
         )
-        return [
-            (
-                float(b) * period_s - shift_s,
-                int(n_ping),
-                _opt(mean_rtt),
-                _opt(mean_loss),
-                _opt(mean_thr),
-                int(n_iperf),
-            )
-            for b, n_ping, mean_rtt, mean_loss, mean_thr, n_iperf in self._rows(query)
-            if n_ping or n_iperf
-        ]
+        return [(int(row[0]), tuple(float(v or 0) for v in row[1:])) for row in self._rows(query)]
 
     # -- alerts and studies (written by the analysis and tuning layers; read as stored) -------
 
@@ -528,6 +586,17 @@ class Queries:
             .offset(offset)
         )
         return int(total), [dict(r._mapping) for r in self._rows(query)]
+
+
+def _bucket(
+    moment: ColumnElement[Any], dialect: str, period_s: int, shift_s: int
+) -> ColumnElement[Any]:
+    """The number of the ``period_s`` period (shifted by ``shift_s``) a date or time is in."""
+    if dialect == "sqlite":
+        # Integer division: SQLite's floor() needs its optional math functions.
+        seconds = func.cast(func.strftime("%s", moment), Integer)
+        return (seconds + shift_s).self_group().op("/")(period_s).label("bucket")
+    return func.floor((func.extract("epoch", moment) + shift_s) / period_s).label("bucket")
 
 
 def _opt(value: Any) -> float | None:

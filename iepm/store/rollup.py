@@ -1,0 +1,166 @@
+"""Per-day summaries of every path's results, kept in step with the results they summarise.
+
+Views that span a year (weekly means on a target page, the monitors of a target) read one row
+per path, day and metric instead of every result: a year of a 90-minute path is 5,840 results
+but 365 days. The rows of a (target, monitor, probe, day) are recomputed from that day's results
+in the same transaction as every write, so they cannot disagree with the results — a
+re-extracted run whose reading changed is recomputed too, which running sums could not do.
+
+Days are UTC days. Per day and metric: ``n`` successful results with a finite value, their
+``total``, ``total_sq`` (for a standard deviation), ``minimum`` and ``maximum``. The pseudo-metric
+``runs`` counts every result in ``n`` (any outcome) and the successful ones in ``total``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, select
+
+from iepm.store.schema import daily as DAILY
+from iepm.store.schema import results as RESULTS
+
+RUNS = "runs"
+# The metrics summarised per probe: those the long-term views show.
+ROLLUP_METRICS: dict[str, tuple[str, ...]] = {
+    "ping": ("rtt_min_ms", "rtt_avg_ms", "rtt_max_ms", "loss_percent"),
+    "iperf3": ("throughput_bps", "retransmits"),
+    "traceroute": ("hop_count",),
+}
+PathDay = tuple[str, str, str, date]  # target, monitor, probe, UTC day
+INSERT_CHUNK = 5000
+
+
+def day_of(moment: datetime) -> date:
+    return moment.astimezone(UTC).date()
+
+
+def day_start(day: date) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=UTC)
+
+
+class _Sums:
+    __slots__ = ("maximum", "minimum", "n", "total", "total_sq")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.total = 0.0
+        self.total_sq = 0.0
+        self.minimum = math.inf
+        self.maximum = -math.inf
+
+    def add(self, value: float) -> None:
+        self.n += 1
+        self.total += value
+        self.total_sq += value * value
+        self.minimum = min(self.minimum, value)
+        self.maximum = max(self.maximum, value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def summarise(
+    rows: Iterable[tuple[str, str, str, datetime, str, dict[str, Any] | None]],
+    days: set[date] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Daily rows from results given as (target, monitor, probe, started_at, outcome, data),
+    only for ``days`` when given."""
+    sums: dict[tuple[str, str, str, date, str], _Sums] = {}
+    for target, monitor, probe, started_at, outcome, data in rows:
+        day = day_of(started_at)
+        if days is not None and day not in days:
+            continue
+        runs = sums.setdefault((target, monitor, probe, day, RUNS), _Sums())
+        runs.n += 1
+        if outcome != "ok":
+            continue
+        runs.total += 1
+        for key in ROLLUP_METRICS.get(probe, ()):
+            value = _number((data or {}).get(key))
+            if value is not None:
+                sums.setdefault((target, monitor, probe, day, key), _Sums()).add(value)
+    for (target, monitor, probe, day, metric), s in sums.items():
+        counted = metric != RUNS
+        yield {
+            "target": target,
+            "monitor": monitor,
+            "probe": probe,
+            "day": day,
+            "metric": metric,
+            "n": s.n,
+            "total": s.total,
+            "total_sq": s.total_sq if counted else None,
+            "minimum": s.minimum if counted else None,
+            "maximum": s.maximum if counted else None,
+        }
+
+
+def refresh(conn: Connection, keys: Iterable[PathDay]) -> None:
+    """Recompute the daily rows of ``keys`` from the results, inside the caller's transaction."""
+    by_path: dict[tuple[str, str, str], set[date]] = defaultdict(set)
+    for target, monitor, probe, day in keys:
+        by_path[(target, monitor, probe)].add(day)
+    for (target, monitor, probe), days in by_path.items():
+        same_path = (DAILY.c.target == target, DAILY.c.monitor == monitor, DAILY.c.probe == probe)
+        query = select(
+            RESULTS.c.target,
+            RESULTS.c.monitor,
+            RESULTS.c.probe,
+            RESULTS.c.started_at,
+            RESULTS.c.outcome,
+            RESULTS.c.data,
+        ).where(
+            RESULTS.c.target == target,
+            RESULTS.c.probe == probe,
+            RESULTS.c.monitor == monitor,
+            RESULTS.c.started_at >= day_start(min(days)),
+            RESULTS.c.started_at < day_start(max(days) + timedelta(days=1)),
+        )
+        rows = list(summarise(conn.execute(query), days))
+        conn.execute(delete(DAILY).where(*same_path, DAILY.c.day.in_(sorted(days))))
+        if rows:
+            conn.execute(insert(DAILY), rows)
+
+
+def rebuild(conn: Connection) -> int:
+    """Recompute every daily row from all results (a migration, or results written around the
+    archive); returns the number of rows written."""
+    conn.execute(delete(DAILY))
+    query = select(
+        RESULTS.c.target,
+        RESULTS.c.monitor,
+        RESULTS.c.probe,
+        RESULTS.c.started_at,
+        RESULTS.c.outcome,
+        RESULTS.c.data,
+    ).order_by(RESULTS.c.target, RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.started_at)
+    written = 0
+    batch: list[dict[str, Any]] = []
+    path_rows: list[Any] = []
+    path: tuple[str, str, str] | None = None
+    # One path at a time: memory stays at one path's results whatever the archive's size.
+    for row in conn.execute(query.execution_options(yield_per=20_000)):
+        key = (row[0], row[1], row[2])
+        if key != path and path_rows:
+            batch.extend(summarise(path_rows))
+            path_rows = []
+            if len(batch) >= INSERT_CHUNK:
+                conn.execute(insert(DAILY), batch)
+                written += len(batch)
+                batch = []
+        path = key
+        path_rows.append(tuple(row))
+    batch.extend(summarise(path_rows))
+    if batch:
+        conn.execute(insert(DAILY), batch)
+        written += len(batch)
+    return written
