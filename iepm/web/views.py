@@ -20,6 +20,7 @@ import numpy as np
 from iepm.export import escape_tsv, format_cell, verbatim
 from iepm.probes.base import Column
 from iepm.results import format_time
+from iepm.store.rollup import day_of, day_start
 from iepm.web.queries import HEADLINE as HEADLINE
 from iepm.web.queries import METRICS, FloatArray, Frame, Metric, Queries, latest_document
 
@@ -922,13 +923,14 @@ def period_columns(period: str) -> list[Column]:
 
 
 def weekly_table(q: Queries, target: str, monitor: str | None, now: datetime) -> Table:
-    """Week means over the year before ``now`` (as ``period_table``, computed in the database)."""
+    """Week means over the year before ``now`` (from whole UTC days, as ``period_table``,
+    computed in the database)."""
     rows = q.period_means(
         7 * 86400,
         MONDAY_SHIFT_DAYS * 86400,
         target=target,
         monitor=monitor,
-        since=now - YEAR,
+        since=day_start(day_of(now - YEAR)),
         until=now,
     )
     return Table(
