@@ -20,12 +20,20 @@ Better predictors:
   online step detector (:mod:`iepm.analysis.changes`) confirms a shift.
 - ``lastweek``: the median of the measurements within ±1 h of the same time of day one and two
   weeks back, and one day back; for diurnal paths. Absent when no such measurement exists.
+- ``levelmode`` and ``levelrel``: forecasts chosen for the loss they are scored by, the relative
+  error |f − o|/o. Over the current level's samples (as ``levelshift`` keeps them), the value f
+  that minimises Σ min(|f − oᵢ|/oᵢ, c) — the sample distribution's best point forecast under the
+  relative error, with errors beyond c counted as c (truncated, so the near-zero observations
+  every throughput series has cannot drag it down, as they do the plain 1/o-weighted median).
+  ``levelmode``: last 40 samples, c = 0.3 — the most typical value, for steady paths (most of
+  the points in the P90). ``levelrel``: last 100 samples, c = 1 — for noisy paths, where the
+  best point lies below the median (relative errors punish over-forecasts more).
 
 ``auto`` is the NWS-style ensemble: at every step it uses the member with the lowest recent
-error (exponentially weighted mean of the relative error, decay 0.97, each error capped at 0.3
-so a few near-zero observations cannot decide), switching only when the gain is at least 20%.
-Its members are ``median5`` and ``levelshift`` (``levelshift`` until both have a record). The
-``method`` of each forecast names the predictor used. A predictor that cannot forecast yet
+error (exponentially weighted mean of the relative error, decay 0.97, each error capped at 0.5
+so a few near-zero observations cannot decide). Its members are ``median5``, ``levelshift``,
+``levelmode`` and ``levelrel`` (``levelshift`` until they have a record). The ``method`` of
+each forecast names the predictor used. A predictor that cannot forecast yet
 (``lastweek`` without a day of history) falls back to ``median5`` and says so in ``method``.
 Parameters and members were chosen on the tune half of ../shared/data/ndt/ (see
 benchmarks/forecast.py), never on the test half.
@@ -55,11 +63,11 @@ FloatArray = npt.NDArray[np.float64]
 Z80 = 1.2816  # standard normal 90% quantile: mean ± Z80·sd is a nominal 80% interval
 START = 5  # first forecast index: MA(5) needs 5 measurements
 BASELINES = ("ma5", "ewma")
-PREDICTORS = ("median5", "holt", "levelshift", "lastweek")
+PREDICTORS = ("median5", "holt", "levelshift", "levelmode", "levelrel", "lastweek")
 METHODS = (*BASELINES, *PREDICTORS, "auto")
 # The ensemble's members (chosen on the tune half too: Holt and same-time-last-week only added
 # noise to the choice there), and the one it uses until the others have a record.
-ENSEMBLE: tuple[str, ...] = ("median5", "levelshift")
+ENSEMBLE: tuple[str, ...] = ("median5", "levelshift", "levelmode", "levelrel")
 ENSEMBLE_DEFAULT = "levelshift"
 
 HOUR = 3600.0
@@ -68,7 +76,10 @@ DAY = 86400.0
 # Chosen on the tune half of ../shared/data/ndt/ (benchmarks/forecast.py), never the test half:
 # a shift must be 7 robust standard deviations and 20% of the level, for 3 samples in a row.
 LEVEL_SHIFT_DETECTOR: dict[str, float] = {"threshold": 7.0, "confirm": 3, "min_relative": 0.2}
-SELECTOR: dict[str, float] = {"decay": 0.97, "cap": 0.3, "margin": 0.2}
+# No hysteresis (margin 0): with it, whichever member came first stayed in use too long.
+SELECTOR: dict[str, float] = {"decay": 0.97, "cap": 0.5, "margin": 0.0}
+# Samples of the current level kept for the level-based predictors (the longest window they use).
+LEVEL_HISTORY = 100
 
 
 @dataclass(frozen=True)
@@ -183,28 +194,77 @@ class Holt(_Predictor):
         super().update(t, y)
 
 
+class LevelSegment:
+    """The samples of the current level: restarted when the online step detector confirms a
+    shift, with deviant samples awaiting confirmation kept out (He, Dovrolis & Ammar)."""
+
+    def __init__(self, history: int = LEVEL_HISTORY) -> None:
+        self.detector = OnlineDetector(**LEVEL_SHIFT_DETECTOR)
+        self.y: list[float] = []
+        self.samples: deque[float] = deque(maxlen=history)
+
+    def update(self, y: float) -> None:
+        self.y.append(y)
+        alert = self.detector.update(y)
+        if alert is not None:
+            self.samples.clear()
+            self.samples.extend(self.y[alert.index :])
+        elif not self.detector.pending:
+            self.samples.append(y)
+
+    def last(self, k: int) -> FloatArray:
+        n = len(self.samples)
+        return np.fromiter(
+            (self.samples[j] for j in range(max(0, n - k), n)), dtype=np.float64, count=min(n, k)
+        )
+
+
 class LevelShift(_Predictor):
     """Median of the last ``k`` samples of the current level (He, Dovrolis & Ammar)."""
 
     name = "levelshift"
 
-    def __init__(self, k: int = 20) -> None:
+    def __init__(self, segment: LevelSegment, k: int = 20, owner: bool = True) -> None:
         super().__init__()
         self.k = k
-        self.detector = OnlineDetector(**LEVEL_SHIFT_DETECTOR)
-        self.level: deque[float] = deque(maxlen=k)
+        self.segment = segment
+        self.owner = owner  # several predictors share one segment; one of them feeds it
 
     def predict(self, t_next: float) -> float | None:
-        return float(np.median(self.level)) if self.level else None
+        level = self.segment.last(self.k)
+        return float(np.median(level)) if level.size else None
 
     def update(self, t: float, y: float) -> None:
-        super().update(t, y)
-        alert = self.detector.update(y)
-        if alert is not None:
-            self.level.clear()
-            self.level.extend(self.y[alert.index :])
-        elif not self.detector.pending:
-            self.level.append(y)
+        if self.owner:
+            self.segment.update(y)
+
+
+def relative_loss_point(values: FloatArray, cap: float) -> float:
+    """The value f among ``values`` minimising Σ min(|f − vᵢ|/vᵢ, cap) over the positive vᵢ.
+
+    The point forecast that is best, under the relative error, for a predictive distribution
+    given by the samples; truncating each error at ``cap`` keeps near-zero samples (whose 1/v
+    weight is huge) from dragging it down. Scale-invariant; the median if no sample is positive.
+    """
+    v = np.sort(values[values > 0])
+    if v.size == 0:
+        return float(np.median(values))
+    loss = np.minimum(np.abs(v[:, None] - v[None, :]) / v[None, :], cap).sum(axis=1)
+    # Near-ties (rounding) go to the lowest value, so scaling the series never flips the choice.
+    return float(v[int(np.flatnonzero(loss <= loss.min() * (1 + 1e-9))[0])])
+
+
+class LevelLoss(LevelShift):
+    """The relative-error-optimal point of the last ``k`` samples of the current level."""
+
+    def __init__(self, name: str, segment: LevelSegment, k: int, cap: float) -> None:
+        super().__init__(segment, k, owner=False)
+        self.name = name
+        self.cap = cap
+
+    def predict(self, t_next: float) -> float | None:
+        level = self.segment.last(self.k)
+        return relative_loss_point(level, self.cap) if level.size else None
 
 
 class LastWeek(_Predictor):
@@ -226,7 +286,18 @@ class LastWeek(_Predictor):
 
 
 def _make_predictors() -> list[_Predictor]:
-    return [MovingAverage(), Ewma(), MedianK(), Holt(), LevelShift(), LastWeek()]
+    segment = LevelSegment()
+    return [
+        MovingAverage(),
+        Ewma(),
+        MedianK(),
+        Holt(),
+        LevelShift(segment),
+        # Parameters chosen on the tune half of ../shared/data/ndt/ only.
+        LevelLoss("levelmode", segment, k=40, cap=0.3),
+        LevelLoss("levelrel", segment, k=LEVEL_HISTORY, cap=1.0),
+        LastWeek(),
+    ]
 
 
 class ConformalBand:
