@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import threading
@@ -103,8 +104,11 @@ def test_any_result_round_trips(archive: Archive, result: Result) -> None:
     # The API's unvalidated path builds the same envelope from the stored row.
     (envelope,) = [
         found
-        for found in archive.envelopes(
-            target=result.target, since=moment, until=moment + timedelta(microseconds=1)
+        for found in map(
+            json.loads,
+            archive.envelope_texts(
+                target=result.target, since=moment, until=moment + timedelta(microseconds=1)
+            ),
         )
         if found["id"] == result.id
     ]
