@@ -38,6 +38,8 @@ FloatArray = npt.NDArray[np.float64]
 MAX_CACHED = 512
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# A stale copy is served (while refreshed) up to this many TTLs old, not older.
+STALE_SERVED_FOR = 10
 Better = Literal["higher", "lower"]
 
 
@@ -152,8 +154,9 @@ class Queries:
     def cached(self, key: tuple[Any, ...], compute: Callable[[], T], scale: float = 1.0) -> T:
         """``compute()``, reused for ``cache_ttl_s`` × ``scale``: the archive grows once per
         cycle (minutes to hours), while a dashboard on a wall screen reloads every few seconds.
-        Computed by one request at a time: others wait for it, or, when an older value exists,
-        get that one meanwhile (so a hot page never stalls every client at once)."""
+        Computed by one request at a time: others wait for it. Once expired, a copy up to
+        ``STALE_SERVED_FOR`` TTLs old is still served while one background thread refreshes
+        it, so a page in use never makes a request wait; an older one is computed anew."""
         ttl = self.cache_ttl_s * scale
         if ttl <= 0:
             return compute()
@@ -162,9 +165,11 @@ class Queries:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         if hit is not None and time.monotonic() - hit[0] < ttl:
             return hit[1]  # type: ignore[no-any-return]
+        if hit is not None and time.monotonic() - hit[0] > ttl * STALE_SERVED_FOR:
+            hit = None  # too old to show while refreshing: computed for this request
         if hit is not None:
             # Stale: everyone gets the last copy while one background thread refreshes it, so
-            # no request pays for a refresh (only the very first computation is waited for).
+            # no request of a page in use pays for its refresh.
             if key_lock.acquire(blocking=False):
                 threading.Thread(
                     target=self._refresh, args=(key, compute, key_lock), daemon=True

@@ -113,6 +113,47 @@ def test_cache_computes_once_for_simultaneous_requests(archive_url: str) -> None
         queries.close()
 
 
+def test_an_expired_page_is_served_stale_while_refreshed_and_a_too_old_one_anew(
+    archive_url: str,
+) -> None:
+    import threading
+    import time
+
+    from iepm.web import queries as queries_module
+    from iepm.web.queries import Queries
+
+    queries = Queries(archive_url, cache_ttl_s=0.2)
+    version = [0]
+    started, release = threading.Event(), threading.Event()
+
+    def compute() -> int:
+        version[0] += 1
+        if version[0] == 2:  # the background refresh: held until the test lets it go
+            started.set()
+            release.wait(10)
+        return version[0]
+
+    try:
+        assert queries.cached(("page",), compute) == 1
+        time.sleep(0.25)  # expired, but younger than STALE_SERVED_FOR TTLs
+        t0 = time.monotonic()
+        assert queries.cached(("page",), compute) == 1  # the stale copy, at once
+        assert time.monotonic() - t0 < 1.0
+        assert started.wait(5)  # ...while the refresh runs in the background
+        assert queries.cached(("page",), compute) == 1  # still the copy, no second refresh
+        release.set()
+        deadline = time.monotonic() + 5
+        while queries.cached(("page",), compute) != 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert queries.cached(("page",), compute) == 2 and version[0] == 2
+        # Far older than STALE_SERVED_FOR TTLs: computed for the request itself.
+        time.sleep(0.2 * queries_module.STALE_SERVED_FOR + 0.1)
+        assert queries.cached(("page",), compute) == 3
+    finally:
+        release.set()
+        queries.close()
+
+
 SERVE = """
 import sys, typer
 from iepm.web.cli import register
