@@ -174,4 +174,6 @@ daily = Table(
     Column("total_sq", Float),
     Column("minimum", Float),
     Column("maximum", Float),
+    # Stored in key order on SQLite, so a path's year is a few contiguous pages.
+    sqlite_with_rowid=False,
 )

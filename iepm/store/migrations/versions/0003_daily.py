@@ -31,6 +31,7 @@ def upgrade() -> None:
         sa.Column("minimum", sa.Float(), nullable=True),
         sa.Column("maximum", sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint("target", "monitor", "probe", "day", "metric", name="pk_daily"),
+        sqlite_with_rowid=False,
     )
     # The archive's existing results: one pass, one path at a time.
     from iepm.store import rollup
