@@ -82,6 +82,8 @@ class Chart:
     table: str
     x_label: str = "time (UTC)"
     events: list[float] = field(default_factory=list)
+    # Step-change alerts of the plotted metrics: (change epoch s, "metric up|down cause").
+    alerts: list[tuple[float, str]] = field(default_factory=list)
     note: str = ""
 
     def spec(self) -> dict[str, Any]:
@@ -93,6 +95,7 @@ class Chart:
             "series": [{**s, "values": _json_list(s["values"])} for s in self.series],
             "xLabel": self.x_label,
             "events": self.events,
+            "alerts": [{"t": t, "label": label} for t, label in self.alerts],
         }
 
 
@@ -754,6 +757,16 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
     trace = q.frame("traceroute", ["hop_count"], **window)
     routes = route_changes(q.documents("traceroute", **window))
     events = [r[0].timestamp() for r in routes if r[3]]
+    alert_rows, alert_total = _alerts_of(q, target, now)
+
+    def marks(*metrics: str) -> list[tuple[float, str]]:
+        """This path's alerts on ``metrics`` whose change lies in the 28 days."""
+        return [
+            (a["change_at"].timestamp(), f"{a['metric']} {a['direction']}: {a['cause']}")
+            for a in alert_rows
+            if a["metric"] in metrics and a["monitor"] == monitor and since <= a["change_at"] < now
+        ]
+
     ping_ok, iperf_ok = ping.ok(), iperf.ok()
     tables = {
         t.name: t
@@ -778,7 +791,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             _facts(
                 latest_document(q, "load", target, monitor) or latest_document(q, "load", target)
             ),
-            alerts_table(*_alerts_of(q, target, now), f"of {target}"),
+            alerts_table(alert_rows, alert_total, f"of {target}"),
             studies_table(*_studies_of(q, target)),
         )
     }
@@ -799,6 +812,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             ],
             "ping",
             events=events,
+            alerts=marks("ping.rtt_avg_ms", "ping.rtt_min_ms", "ping.rtt_max_ms"),
         ),
         Chart(
             "loss",
@@ -808,6 +822,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             [{"label": "loss_percent", "values": masked(ping, "loss_percent")}],
             "ping",
             events=events,
+            alerts=marks("ping.loss_percent"),
         ),
         Chart(
             "throughput",
@@ -821,6 +836,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             ],
             "iperf3",
             events=events,
+            alerts=marks("iperf3.throughput_bps"),
         ),
         Chart(
             "hops",

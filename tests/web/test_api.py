@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -501,3 +504,25 @@ def test_target_weekly_means_equal_independent_ones(client: TestClient, archive:
         assert float(row["throughput_bps_mean"]) == pytest.approx(
             statistics.fmean(got["throughput_bps"]), rel=1e-5
         )
+
+
+def chart_specs(html: str) -> dict[str, dict[str, Any]]:
+    pattern = r'<script type="application/json" class="chart-spec"[^>]*>(.*?)</script>'
+    found = re.findall(pattern, html)
+    return {spec["id"]: spec for spec in map(json.loads, found)}
+
+
+def test_alerts_are_marked_on_the_charts_of_their_metric(
+    client: TestClient, archive: Archive
+) -> None:
+    rows: dict[Any, Any] = {a["id"]: a for a in alert_rows(archive)}
+    kek = chart_specs(client.get(f"/targets/kek-3?monitor=slac-mon&until={END}").text)
+    # The drop 4 days ago is marked on the throughput chart; the one 40 days ago is outside it.
+    assert [a["t"] for a in kek["throughput"]["alerts"]] == [
+        rows["alert-2"]["change_at"].timestamp()
+    ]
+    assert kek["throughput"]["alerts"][0]["label"] == "iperf3.throughput_bps down: unknown"
+    assert kek["rtt"]["alerts"] == [] and kek["loss"]["alerts"] == []
+    cern = chart_specs(client.get(f"/targets/cern-1?monitor=slac-mon&until={END}").text)
+    assert [a["t"] for a in cern["rtt"]["alerts"]] == [rows["alert-1"]["change_at"].timestamp()]
+    assert cern["throughput"]["alerts"] == []

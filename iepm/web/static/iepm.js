@@ -16,23 +16,44 @@
     return +v.toPrecision(3) + "";
   }
 
-  function eventLines(events) {
+  // Route changes: dashed red lines. Step-change alerts: solid orange lines with a triangle
+  // at the top and the alert written beside it.
+  function eventLines(events, alerts) {
     return {
       hooks: {
         draw: [u => {
-          if (!events.length) return;
+          if (!events.length && !alerts.length) return;
           const ctx = u.ctx;
+          const inside = x => x >= u.bbox.left && x <= u.bbox.left + u.bbox.width;
           ctx.save();
           ctx.strokeStyle = "#b00020";
           ctx.setLineDash([5, 4]);
           ctx.lineWidth = 1.5;
           for (const t of events) {
             const x = Math.round(u.valToPos(t, "x", true));
-            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+            if (!inside(x)) continue;
             ctx.beginPath();
             ctx.moveTo(x, u.bbox.top);
             ctx.lineTo(x, u.bbox.top + u.bbox.height);
             ctx.stroke();
+          }
+          ctx.setLineDash([]);
+          ctx.strokeStyle = ctx.fillStyle = "#e07000";
+          ctx.font = `${Math.round(11 * devicePixelRatio)}px sans-serif`;
+          for (const a of alerts) {
+            const x = Math.round(u.valToPos(a.t, "x", true));
+            if (!inside(x)) continue;
+            const top = u.bbox.top, s = 5 * devicePixelRatio;
+            ctx.beginPath();
+            ctx.moveTo(x, top);
+            ctx.lineTo(x, top + u.bbox.height);
+            ctx.stroke();
+            ctx.beginPath();
+            ctx.moveTo(x - s, top);
+            ctx.lineTo(x + s, top);
+            ctx.lineTo(x, top + 1.6 * s);
+            ctx.fill();
+            ctx.fillText(a.label, x + 1.5 * s, top + 2.5 * s);
           }
           ctx.restore();
         }],
@@ -95,7 +116,7 @@
       axes: axes,
       scales: scales,
       cursor: { drag: { x: true, y: false, setScale: true } },
-      plugins: [eventLines(spec.events || [])],
+      plugins: [eventLines(spec.events || [], spec.alerts || [])],
     };
     const data = [spec.x, ...spec.series.map(s => s.values)];
     const u = new uPlot(opts, data, el);
