@@ -14,6 +14,9 @@ Baselines run in the same benchmark, on the raw traces:
 - a naive two-sided CUSUM (k = 0.5σ, h = 5σ, σ and the mean from the first 20 samples after
   each alarm).
 
+``online`` is :func:`detect_online` (the kernel scan detector); ``online_band`` is the older
+robust-band :class:`OnlineDetector` (threshold 4), kept for comparison.
+
 Our detectors treat RTT ≤ 0 (RIPE Atlas's marks for failed measurements) as missing samples.
 The rbf baseline is also run on the same cleaned traces, so the comparison is like for like.
 
@@ -38,7 +41,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from iepm.analysis.changes import detect_online, segment  # noqa: E402
+from iepm.analysis.changes import OnlineDetector, detect_online, segment  # noqa: E402
 from iepm.analysis.series import read_series  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "rtt-changes"
@@ -137,12 +140,18 @@ def main() -> None:
         clean = np.where(raw > 0, raw, np.nan)
         part = split[path.name]
         alerts = timed("online", detect_online, clean)
+
+        def band(y: np.ndarray) -> list[int]:
+            det = OnlineDetector()
+            return [cp.index for v in y if (cp := det.update(float(v))) is not None]
+
         det = {
             "offline": [cp.index for cp in timed("offline", segment, clean)],
             "online": [a.index for a in alerts],
             "online_at_alert": [
                 (a.index if a.alert_index is None else a.alert_index) for a in alerts
             ],
+            "online_band": timed("online_band", band, clean),
             "pelt_rbf_pen10": timed("pelt_rbf_pen10", rbf, raw),
             "pelt_rbf_pen10_cleaned": timed("pelt_rbf_pen10_cleaned", rbf, clean),
             "pelt_l2_bic": timed("pelt_l2_bic", l2, raw),
