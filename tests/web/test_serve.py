@@ -154,6 +154,43 @@ def test_an_expired_page_is_served_stale_while_refreshed_and_a_too_old_one_anew(
         queries.close()
 
 
+def test_multi_worker_connections_get_tcp_nodelay() -> None:
+    """The socket ``--workers N`` listens on is TCP, so asyncio disables Nagle's algorithm on
+    every connection it accepts (with the socket uvicorn binds it did not: each keep-alive
+    response then waited for the client's delayed ACK)."""
+    import asyncio
+    import socket
+
+    from iepm.web.cli import TcpConfig
+
+    config = TcpConfig("iepm.web.cli:app_from_env", host="127.0.0.1", port=0, workers=2)
+    listener = config.bind_socket()
+    nodelay: list[int] = []
+
+    class Report(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            sock = transport.get_extra_info("socket")
+            nodelay.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    async def accept_one() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Report, sock=listener)
+        port = listener.getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await reader.read()  # closed by the server once it has looked at the socket
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    try:
+        asyncio.run(asyncio.wait_for(accept_one(), 10))
+    finally:
+        listener.close()
+    assert listener.proto == socket.IPPROTO_TCP
+    assert nodelay == [1]
+
+
 SERVE = """
 import sys, typer
 from iepm.web.cli import register
