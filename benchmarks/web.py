@@ -24,7 +24,8 @@ target, probe=ping, 28-day window, 100 results, random offset). The server runs 
 process, started as a user starts it: `iepm serve --workers N` (default 2, one per core).
 Pages' figures are computed once per 30 s per worker (concurrent requests wait for that one
 computation, later ones get the last copy while it is refreshed); the overview's first (cold)
-request is reported separately. PostgreSQL is a private throwaway cluster (tests/pg.py: initdb
+request is reported separately. Each endpoint starts after 5 s of idle server.
+PostgreSQL is a private throwaway cluster (tests/pg.py: initdb
 in a temporary directory, removed afterwards). Prints one JSON object.
 
     .venv/bin/python benchmarks/web.py [--targets 100] [--years 2] [--seconds 10]
@@ -65,6 +66,7 @@ from iepm.store.schema import results as RESULTS
 NDT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ndt"
 STEP = timedelta(minutes=90)
 CLIENTS = 20
+SETTLE_S = 5.0  # idle time before each measured endpoint
 NOISE_SIGMA = 0.05
 # The synthetic archive ends at the start of the current hour: pages show "now", as people
 # open them (an archive reused with --db a day later shows a day less of its window).
@@ -327,14 +329,21 @@ def measure(url: str, seconds: float, workers: int, seed: int) -> dict[str, Any]
             raise SystemExit(f"/: {cold.status_code} {cold.text[:300]}")
         # Warm-up (connections, first imports and queries in every worker), not counted.
         load(base, ["/api/v1/health", "/"], 2)
-        health = load(base, ["/api/v1/health"], seconds)
+
+        def measured(paths: list[str], limit: int = 0) -> dict[str, Any]:
+            # Each endpoint starts on an idle server: requests still being computed for the
+            # previous one (cold pages finish seconds after wrk stops) would be charged to it.
+            time.sleep(SETTLE_S)
+            return load(base, paths, seconds, limit)
+
+        health = measured(["/api/v1/health"])
         # Every target's first visit (nothing cached: the page is computed for that request),
         # under the same 20 clients.
         first_visits = [f"/targets/{t}" for t in rng.sample(targets, len(targets))]
-        cold_targets = load(base, first_visits, seconds, limit=len(first_visits))
-        overview = load(base, ["/"], seconds)
-        target_page = load(base, random_targets, seconds)
-        api = load(base, api_paths, seconds)
+        cold_targets = measured(first_visits, limit=len(first_visits))
+        overview = measured(["/"])
+        target_page = measured(random_targets)
+        api = measured(api_paths)
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and its workers, by our child's PID
         try:
