@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from iepm import __version__
 from iepm.errors import StoreError
@@ -33,6 +34,7 @@ from iepm.web.queries import METRICS, Queries
 
 HERE = Path(__file__).parent
 MAX_LIMIT = 10_000
+INLINE_LIMIT = 1000  # /api/v1/results pages up to this size are built on the event loop
 # Offsets beyond this are refused: SQLite's integers are 64-bit and nobody pages that far.
 MAX_OFFSET = 1_000_000_000
 PROBE_NAMES = ("ping", "traceroute", "iperf3", "load")
@@ -342,22 +344,30 @@ def create_app(
         known_monitor(target, monitor)
         now = _now(until)
 
-        def render() -> str:
-            data = page_data(
-                ("target", target, monitor),
-                until,
-                lambda end: views.target_page(queries, target, monitor, end),
-            )
+        def render(data: dict[str, Any]) -> str:
             context = {**data, "request": request, "now": now, "until": until}
             return templates.get_template("target.html").render(
                 {**context, "window_end": data["until"]}
             )
 
         if until is not None:
-            return HTMLResponse(render())
-        # The rendered page is shared too (its links carry the query string, hence the key).
+            return HTMLResponse(
+                render(
+                    page_data(
+                        ("target", target, monitor),
+                        until,
+                        lambda end: views.target_page(queries, target, monitor, end),
+                    )
+                )
+            )
+        # Only the rendered page is kept (one string; the figures behind it are hundreds of
+        # thousands of small objects per page, which every garbage collection would walk), and
+        # shared (its links carry the query string, hence the key).
         return HTMLResponse(
-            queries.cached(("target-html", target, monitor, request.url.query), render)
+            queries.cached(
+                ("target-html", target, monitor, request.url.query),
+                lambda: render(views.target_page(queries, target, monitor, datetime.now(UTC))),
+            )
         )
 
     @app.get(
@@ -510,7 +520,7 @@ def create_app(
         return _target_infos(queries, target)
 
     @app.get("/api/v1/results", response_model=ResultsPage, tags=["api"])
-    def api_results(
+    async def api_results(
         probe: ProbeName | None = None,  # type: ignore[valid-type]
         target: str | None = None,
         monitor: str | None = None,
@@ -523,8 +533,6 @@ def create_app(
     ) -> Response:
         """Result envelopes matching every filter (``since`` inclusive, ``until`` exclusive),
         by start time, ``limit`` at a time from ``offset``. An unknown target is a 404."""
-        if target is not None:
-            known_target(target)
         start, end = _utc(since, "since"), _utc(until, "until")
         filters: dict[str, Any] = {
             "probe": probe.value if probe else None,
@@ -534,12 +542,22 @@ def create_app(
             "until": end,
             "outcome": outcome,
         }
-        total = archive.count(**filters)
-        texts = archive.envelope_texts(**filters, limit=limit, offset=offset, order=order)
-        # The stored envelopes as they were serialised when written (validated then): the page
-        # skips decoding, two validations (ours and FastAPI's) and encoding, most of its time.
-        body = f'{{"total": {total}, "limit": {limit}, "offset": {offset}, "results": ['
-        return Response(body + ", ".join(texts) + "]}", media_type="application/json")
+
+        def page() -> str:
+            if target is not None:
+                known_target(target)
+            total = archive.count(**filters)
+            texts = archive.envelope_texts(**filters, limit=limit, offset=offset, order=order)
+            # The stored envelopes as they were serialised when written (validated then): the
+            # page skips decoding, two validations (ours and FastAPI's) and encoding.
+            head = f'{{"total": {total}, "limit": {limit}, "offset": {offset}, "results": ['
+            return head + ", ".join(texts) + "]}"
+
+        # A page of up to INLINE_LIMIT results takes a few ms: done on the event loop, one at a
+        # time. Handed to threads instead, 20 concurrent ones spend most of their time waiting
+        # for the GIL after each database call. Larger pages go to a thread.
+        body = page() if limit <= INLINE_LIMIT else await run_in_threadpool(page)
+        return Response(body, media_type="application/json")
 
     @app.get("/api/v1/latest", response_model=list[Result], tags=["api"])
     def api_latest(
