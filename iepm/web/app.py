@@ -308,7 +308,15 @@ def create_app(
         return page_data(("overview",), until, lambda now: views.overview(queries, now))
 
     @app.get("/", response_class=HTMLResponse, summary="Overview page", tags=["pages"])
-    def overview_page(request: Request, until: Until = None) -> HTMLResponse:
+    async def overview_page(request: Request, until: Until = None) -> HTMLResponse:
+        # A shared page that is ready is answered on the event loop; computing goes to a thread.
+        if until is None:
+            html = queries.ready(("overview-html",), lambda: overview_html(request, None))
+            if html is not None:
+                return HTMLResponse(html)
+        return HTMLResponse(await run_in_threadpool(overview_html, request, until))
+
+    def overview_html(request: Request, until: datetime | None) -> str:
         now = _now(until)
 
         def render() -> str:
@@ -322,9 +330,9 @@ def create_app(
             return templates.get_template("overview.html").render(context)
 
         if until is not None:
-            return HTMLResponse(render())
+            return render()
         # Everyone lands here: the rendered page is shared (refreshed every cache_ttl_s).
-        return HTMLResponse(queries.cached(("overview-html",), render))
+        return queries.cached(("overview-html",), render)
 
     @app.get("/tables/{name}", summary="Download an overview table", tags=["pages"])
     def overview_table(
@@ -337,9 +345,20 @@ def create_app(
     @app.get(
         "/targets/{target}", response_class=HTMLResponse, summary="Target page", tags=["pages"]
     )
-    def target_page(
+    async def target_page(
         request: Request, target: str, monitor: str | None = None, until: Until = None
     ) -> HTMLResponse:
+        # A shared page that is ready is answered on the event loop; computing goes to a thread.
+        if until is None:
+            key = ("target-html", target, monitor, request.url.query)
+            html = queries.ready(key, lambda: target_html(request, target, monitor, None))
+            if html is not None:
+                return HTMLResponse(html)
+        return HTMLResponse(await run_in_threadpool(target_html, request, target, monitor, until))
+
+    def target_html(
+        request: Request, target: str, monitor: str | None, until: datetime | None
+    ) -> str:
         known_target(target)
         known_monitor(target, monitor)
         now = _now(until)
@@ -351,23 +370,18 @@ def create_app(
             )
 
         if until is not None:
-            return HTMLResponse(
-                render(
-                    page_data(
-                        ("target", target, monitor),
-                        until,
-                        lambda end: views.target_page(queries, target, monitor, end),
-                    )
+            return render(
+                page_data(
+                    ("target", target, monitor),
+                    until,
+                    lambda end: views.target_page(queries, target, monitor, end),
                 )
             )
-        # Only the rendered page is kept (one string; the figures behind it are hundreds of
-        # thousands of small objects per page, which every garbage collection would walk), and
+        # Only the rendered page is kept (one string, not the figures' many small objects), and
         # shared (its links carry the query string, hence the key).
-        return HTMLResponse(
-            queries.cached(
-                ("target-html", target, monitor, request.url.query),
-                lambda: render(views.target_page(queries, target, monitor, datetime.now(UTC))),
-            )
+        return queries.cached(
+            ("target-html", target, monitor, request.url.query),
+            lambda: render(views.target_page(queries, target, monitor, datetime.now(UTC))),
         )
 
     @app.get(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import defaultdict
@@ -160,23 +161,12 @@ class Queries:
         ttl = self.cache_ttl_s * scale
         if ttl <= 0:
             return compute()
+        found, value = self._ready(key, compute, ttl)
+        if found:
+            return value
         with self._lock:
-            hit = self._cache.get(key)
             key_lock = self._key_locks.setdefault(key, threading.Lock())
-        if hit is not None and time.monotonic() - hit[0] < ttl:
-            return hit[1]  # type: ignore[no-any-return]
-        if hit is not None and time.monotonic() - hit[0] > ttl * STALE_SERVED_FOR:
-            hit = None  # too old to show while refreshing: computed for this request
-        if hit is not None:
-            # Stale: everyone gets the last copy while one background thread refreshes it, so
-            # no request of a page in use pays for its refresh.
-            if key_lock.acquire(blocking=False):
-                threading.Thread(
-                    target=self._refresh, args=(key, compute, key_lock), daemon=True
-                ).start()
-            return hit[1]  # type: ignore[no-any-return]
-        key_lock.acquire()
-        try:
+        with key_lock:
             with self._lock:
                 again = self._cache.get(key)
             if again is not None and time.monotonic() - again[0] < ttl:
@@ -188,8 +178,28 @@ class Queries:
                     self._key_locks.clear()
                 self._cache[key] = (time.monotonic(), value)
             return value
-        finally:
-            key_lock.release()
+
+    def ready(self, key: tuple[Any, ...], compute: Callable[[], T], scale: float = 1.0) -> T | None:
+        """What ``cached(key, compute)`` would return without computing anything in this
+        thread (a stale copy starts its background refresh), or None when it would have to
+        compute: lets an async route answer a cached page on the event loop itself."""
+        ttl = self.cache_ttl_s * scale
+        found, value = self._ready(key, compute, ttl) if ttl > 0 else (False, None)
+        return value if found else None
+
+    def _ready(self, key: tuple[Any, ...], compute: Callable[[], T], ttl: float) -> tuple[bool, T]:
+        with self._lock:
+            hit = self._cache.get(key)
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        age = time.monotonic() - hit[0] if hit is not None else math.inf
+        if hit is None or age > ttl * STALE_SERVED_FOR:
+            return False, None  # type: ignore[return-value]  # computed for the request
+        if age >= ttl and key_lock.acquire(blocking=False):
+            # Stale: served while one background thread refreshes it.
+            refresh = threading.Thread(target=self._refresh, args=(key, compute, key_lock))
+            refresh.daemon = True
+            refresh.start()
+        return True, hit[1]
 
     def _refresh(self, key: tuple[Any, ...], compute: Callable[[], Any], lock: Any) -> None:
         try:

@@ -154,6 +154,32 @@ def test_an_expired_page_is_served_stale_while_refreshed_and_a_too_old_one_anew(
         queries.close()
 
 
+def test_ready_answers_only_what_is_cached_and_refreshes_a_stale_copy(archive_url: str) -> None:
+    import time
+
+    from iepm.web.queries import Queries
+
+    queries = Queries(archive_url, cache_ttl_s=0.2)
+    version = [0]
+
+    def compute() -> int:
+        version[0] += 1
+        return version[0]
+
+    try:
+        assert queries.ready(("page",), compute) is None and version == [0]  # nothing computed
+        assert queries.cached(("page",), compute) == 1
+        assert queries.ready(("page",), compute) == 1  # fresh
+        time.sleep(0.25)
+        assert queries.ready(("page",), compute) == 1  # stale copy; refreshed in the background
+        deadline = time.monotonic() + 5
+        while queries.ready(("page",), compute) != 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert queries.ready(("page",), compute) == 2
+    finally:
+        queries.close()
+
+
 def test_multi_worker_connections_get_tcp_nodelay() -> None:
     """The socket ``--workers N`` listens on is TCP, so asyncio disables Nagle's algorithm on
     every connection it accepts (with the socket uvicorn binds it did not: each keep-alive
