@@ -312,7 +312,7 @@ class Archive:
         query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
         return self._stream(query, Result.model_validate, "cannot read results")
 
-    def envelope_texts(
+    def envelope_page(
         self,
         probe: str | None = None,
         target: str | None = None,
@@ -323,19 +323,24 @@ class Archive:
         limit: int | None = None,
         offset: int = 0,
         order: Order = "asc",
-    ) -> Generator[str, None, None]:
-        """As ``results()``, but each result as the JSON text of its envelope (the document
-        ``Result.envelope()`` returns), built from the stored row: the stored ``params`` and
+    ) -> tuple[int, list[str]]:
+        """How many results match (as ``count()``) and the page ``results()`` would yield, each
+        as the JSON text of its envelope (the document ``Result.envelope()`` returns), from one
+        snapshot on one connection. Built from the stored rows: the stored ``params`` and
         ``data`` texts are spliced in as they are. Every row was validated and serialised when
-        it was written; decoding, validating and encoding it again is most of an API page's
+        it was written; decoding, validating and encoding it again was most of an API page's
         time."""
+        conditions = _filters(probe, target, since, until, monitor, outcome)
+        counting = select(func.count()).select_from(RESULTS).where(*conditions)
         query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
         texts = query.with_only_columns(
             *(RESULTS.c[key] for key in _ENVELOPE_HEAD),
             cast(RESULTS.c.params, Text).label("params_text"),
             cast(RESULTS.c.data, Text).label("data_text"),
         )
-        return self._stream(texts, _envelope_text, "cannot read results")
+        with self._errors("cannot read results"), self._engine.connect() as conn:
+            total = int(conn.execute(counting).scalar_one())
+            return total, [_envelope_text(row) for row in conn.execute(texts).mappings()]
 
     def count(
         self,

@@ -560,8 +560,7 @@ def create_app(
         def page() -> str:
             if target is not None:
                 known_target(target)
-            total = archive.count(**filters)
-            texts = archive.envelope_texts(**filters, limit=limit, offset=offset, order=order)
+            total, texts = archive.envelope_page(**filters, limit=limit, offset=offset, order=order)
             # The stored envelopes as they were serialised when written (validated then): the
             # page skips decoding, two validations (ours and FastAPI's) and encoding.
             head = f'{{"total": {total}, "limit": {limit}, "offset": {offset}, "results": ['

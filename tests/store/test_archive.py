@@ -106,9 +106,9 @@ def test_any_result_round_trips(archive: Archive, result: Result) -> None:
         found
         for found in map(
             json.loads,
-            archive.envelope_texts(
+            archive.envelope_page(
                 target=result.target, since=moment, until=moment + timedelta(microseconds=1)
-            ),
+            )[1],
         )
         if found["id"] == result.id
     ]
