@@ -6,6 +6,7 @@ Tests marked ``lab`` need root (network namespaces, TUN devices); they are skipp
 
 from __future__ import annotations
 
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = lab_unavailable()
         if reason is not None:
             pytest.skip(reason)
+
+
+# A shell that starts the suite in the background without job control (`cmd &` in a script, nohup)
+# hands it SIGINT ignored, every child inherits that, and Python then never turns Ctrl-C into
+# KeyboardInterrupt: the tests that press Ctrl-C on `iepm demo` or `iepm tune` would see them carry
+# on. The suite's children get the default behaviour whatever started the suite.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
