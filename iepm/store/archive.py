@@ -330,8 +330,7 @@ class Archive:
         ``data`` texts are spliced in as they are. Every row was validated and serialised when
         it was written; decoding, validating and encoding it again was most of an API page's
         time."""
-        conditions = _filters(probe, target, since, until, monitor, outcome)
-        counting = select(func.count()).select_from(RESULTS).where(*conditions)
+        counting = _count_query(probe, target, since, until, monitor, outcome)
         query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
         texts = query.with_only_columns(
             *(RESULTS.c[key] for key in _ENVELOPE_HEAD),
@@ -352,11 +351,7 @@ class Archive:
         outcome: Outcome | str | None = None,
     ) -> int:
         """How many results ``results()`` would yield with the same filters."""
-        query = (
-            select(func.count())
-            .select_from(RESULTS)
-            .where(*_filters(probe, target, since, until, monitor, outcome))
-        )
+        query = _count_query(probe, target, since, until, monitor, outcome)
         with self._errors("cannot count results"), self._engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
@@ -441,6 +436,18 @@ class Archive:
 
 def _path_day(result: Result) -> rollup.PathDay:
     return (result.target, result.monitor, result.probe, rollup.day_of(result.started_at))
+
+
+def _count_query(
+    probe: str | None,
+    target: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    monitor: str | None,
+    outcome: Outcome | str | None,
+) -> Select[Any]:
+    conditions = _filters(probe, target, since, until, monitor, outcome)
+    return select(func.count()).select_from(RESULTS).where(*conditions)
 
 
 def _results_query(

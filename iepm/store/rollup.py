@@ -31,7 +31,16 @@ ROLLUP_METRICS: dict[str, tuple[str, ...]] = {
     "iperf3": ("throughput_bps", "retransmits"),
     "traceroute": ("hop_count",),
 }
-PathDay = tuple[str, str, str, date]  # target, monitor, probe, UTC day
+PathDay = tuple[str, str, str, date]
+# What ``summarise`` reads of each result, in its order.
+SOURCE = (
+    RESULTS.c.target,
+    RESULTS.c.monitor,
+    RESULTS.c.probe,
+    RESULTS.c.started_at,
+    RESULTS.c.outcome,
+    RESULTS.c.data,
+)  # target, monitor, probe, UTC day
 INSERT_CHUNK = 5000
 
 
@@ -111,14 +120,7 @@ def refresh(conn: Connection, keys: Iterable[PathDay]) -> None:
         by_path[(target, monitor, probe)].add(day)
     for (target, monitor, probe), days in by_path.items():
         same_path = (DAILY.c.target == target, DAILY.c.monitor == monitor, DAILY.c.probe == probe)
-        query = select(
-            RESULTS.c.target,
-            RESULTS.c.monitor,
-            RESULTS.c.probe,
-            RESULTS.c.started_at,
-            RESULTS.c.outcome,
-            RESULTS.c.data,
-        ).where(
+        query = select(*SOURCE).where(
             RESULTS.c.target == target,
             RESULTS.c.probe == probe,
             RESULTS.c.monitor == monitor,
@@ -135,14 +137,7 @@ def rebuild(conn: Connection) -> int:
     """Recompute every daily row from all results (a migration, or results written around the
     archive); returns the number of rows written."""
     conn.execute(delete(DAILY))
-    query = select(
-        RESULTS.c.target,
-        RESULTS.c.monitor,
-        RESULTS.c.probe,
-        RESULTS.c.started_at,
-        RESULTS.c.outcome,
-        RESULTS.c.data,
-    ).order_by(RESULTS.c.target, RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.started_at)
+    query = select(*SOURCE).order_by(*SOURCE[:4])  # path by path, oldest first
     written = 0
     batch: list[dict[str, Any]] = []
     path_rows: list[Any] = []
