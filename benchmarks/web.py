@@ -30,6 +30,7 @@ in a temporary directory, removed afterwards). Prints one JSON object.
 
     .venv/bin/python benchmarks/web.py [--targets 100] [--years 2] [--seconds 10]
         [--backends sqlite,postgresql] [--workers 2] [--db URL (an existing archive)]
+        [--clients 20]
 """
 
 from __future__ import annotations
@@ -380,6 +381,11 @@ def archive_url(backend: str) -> Iterator[str]:
         yield server.create_database("iepm_bench_web")
 
 
+def set_clients(n: int) -> None:
+    global CLIENTS  # load() and the report read it
+    CLIENTS = n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", type=int, default=100)
@@ -389,7 +395,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="iepm serve --workers")
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--db", help="measure this existing archive instead of building one")
+    parser.add_argument(
+        "--clients", type=int, default=CLIENTS, help="concurrent connections (1: cost per request)"
+    )
     args = parser.parse_args()
+    if args.clients < 1:
+        raise SystemExit("--clients must be at least 1")
+    set_clients(args.clients)
     days = max(1, round(args.years * 365))
     out: dict[str, Any] = {
         "benchmark": "web",
