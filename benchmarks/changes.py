@@ -23,16 +23,24 @@ The rbf baseline is also run on the same cleaned traces, so the comparison is li
 Files are split by a fixed hash of their name into a tune half (where the defaults in
 iepm/analysis/changes.py were chosen) and a test half (never used for choosing).
 
-Usage: .venv/bin/python benchmarks/changes.py  → one JSON object.
+``--ceiling`` adds how far the detectors' own parameters could go, chosen WITH hindsight: for
+each half, the best single setting of (bandwidth, penalty) over a grid, and the mean of each
+file's own best setting (an oracle no method can use). When even these stay below a goal, no
+choice of parameters reaches it: the labels, not the tuning, are the limit.
+
+Usage: .venv/bin/python benchmarks/changes.py [--ceiling]  → one JSON object.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -47,6 +55,12 @@ from iepm.analysis.series import read_series  # noqa: E402
 DATA = REPO.parent / "shared" / "data" / "rtt-changes"
 MARGIN = 5
 T = TypeVar("T")
+# --ceiling grids: bandwidth (noise scales) × penalty (samples), around the defaults.
+OFFLINE_GRID = {
+    "bandwidth": (6.0, 8.0, 12.0, 16.0, 24.0),
+    "penalty": (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0),
+}
+ONLINE_GRID = {"bandwidth": (8.0, 12.0, 16.0), "penalty": (4.0, 5.0, 6.0)}
 
 
 def splits(names: Sequence[str]) -> dict[str, str]:
@@ -107,7 +121,77 @@ def cusum(y: np.ndarray, k: float = 0.5, h: float = 5.0, warmup: int = 20) -> li
     return out
 
 
+def load(path: Path) -> tuple[np.ndarray, list[int]]:
+    """The cleaned trace (RTT ≤ 0 → NaN) and its labelled change indices."""
+    s = read_series(path, check_order=False)
+    labels = [i for i, e in enumerate(s.extra) if e and e[0].strip() == "1"]
+    return np.where(s.y > 0, s.y, np.nan), labels
+
+
+def _setting_f1(
+    job: tuple[str, str, float, float],
+) -> tuple[str, str, float, float, float, list[int]]:
+    """(kind, file, bandwidth, penalty, F1, online delays) for one file and one setting."""
+    kind, name, bandwidth, penalty = job
+    clean, labels = load(DATA / name)
+    if kind == "offline":
+        found = [cp.index for cp in segment(clean, penalty=penalty, bandwidth=bandwidth)]
+        return kind, name, bandwidth, penalty, prf(found, labels)[2], []
+    alerts = detect_online(clean, penalty=penalty, bandwidth=bandwidth)
+    at = {a.index: (a.index if a.alert_index is None else a.alert_index) for a in alerts}
+    delays = [at[d] - lab for d, lab in match(list(at), labels)]
+    return kind, name, bandwidth, penalty, prf(list(at), labels)[2], delays
+
+
+def ceiling(split: dict[str, str]) -> dict[str, object]:
+    """Best parameters with hindsight, per half: one setting for all files, and each file's own.
+
+    Online, only settings whose median delay meets the goal (≤ 3 samples) compete.
+    """
+    jobs = [
+        (kind, name, b, p)
+        for kind, grid in (("offline", OFFLINE_GRID), ("online", ONLINE_GRID))
+        for b in grid["bandwidth"]
+        for p in grid["penalty"]
+        for name in split
+    ]
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        rows = list(pool.map(_setting_f1, jobs, chunksize=2))
+    out: dict[str, object] = {"offline_grid": OFFLINE_GRID, "online_grid": ONLINE_GRID}
+    for kind in ("offline", "online"):
+        per: dict[str, object] = {}
+        for part in ("tune", "test"):
+            f1: dict[tuple[float, float], list[float]] = {}
+            delays: dict[tuple[float, float], list[int]] = {}
+            for row_kind, name, b, p, f, d in rows:
+                if row_kind == kind and split[name] == part:
+                    f1.setdefault((b, p), []).append(f)
+                    delays.setdefault((b, p), []).extend(d)
+            allowed = [
+                k for k in f1 if kind == "offline" or (delays[k] and np.median(delays[k]) <= 3)
+            ]
+            setting = max(allowed, key=lambda k: float(np.mean(f1[k])))
+            per_file = [
+                max(f for k, n, b, p, f, _ in rows if k == kind and n == name and (b, p) in allowed)
+                for name in split
+                if split[name] == part
+            ]
+            summary: dict[str, object] = {
+                "best_single_setting": {"bandwidth": setting[0], "penalty": setting[1]},
+                "best_single_setting_f1": float(np.mean(f1[setting])),
+                "each_file_its_best_f1": float(np.mean(per_file)),
+            }
+            if kind == "online":
+                summary["best_single_setting_median_delay"] = float(np.median(delays[setting]))
+            per[part] = summary
+        out[kind] = per
+    return out
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ceiling", action="store_true", help="add the hindsight ceilings")
+    args = parser.parse_args()
     import ruptures as rpt
 
     def rbf(y: np.ndarray) -> list[int]:
@@ -134,10 +218,8 @@ def main() -> None:
         return out
 
     for path in files:
-        s = read_series(path, check_order=False)
-        labels = [i for i, e in enumerate(s.extra) if e and e[0].strip() == "1"]
-        raw = s.y
-        clean = np.where(raw > 0, raw, np.nan)
+        raw = read_series(path, check_order=False).y
+        clean, labels = load(path)
         part = split[path.name]
         alerts = timed("online", detect_online, clean)
 
@@ -163,7 +245,7 @@ def main() -> None:
         row: dict[str, object] = {
             "file": path.name,
             "split": part,
-            "n": len(s),
+            "n": int(raw.size),
             "labels": len(labels),
         }
         for name, cps in det.items():
@@ -197,6 +279,10 @@ def main() -> None:
         {"file": r["file"], "split": r["split"], **{m: round(r[m]["f1"], 3) for m in methods}}  # type: ignore[index]
         for r in rows
     ]
+    if args.ceiling:
+        t0 = time.monotonic()
+        result["ceiling_with_hindsight"] = ceiling(split)
+        timing["ceiling"] = time.monotonic() - t0
     result["seconds"] = {k: round(v, 1) for k, v in timing.items()}
     result["total_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))
