@@ -253,19 +253,19 @@ class Archive:
     def add(self, result: Result) -> None:
         """Store one result in its own transaction, committed (and on SQLite fsynced) on return."""
         with self._writing(f"cannot add result {result.id}") as conn:
-            conn.execute(insert(RESULTS), _row(result))
-            rollup.refresh(conn, [_path_day(result)])
+            row = _row(result)
+            conn.execute(insert(RESULTS), row)
+            rollup.accumulate(conn, [_summarised(row)])
 
     def add_many(self, results: Iterable[Result]) -> int:
         """Store many results in one transaction (all or none); returns how many."""
         count = 0
         with self._writing("cannot add results") as conn:
-            touched: set[rollup.PathDay] = set()
             for chunk in _chunks(results, BULK_CHUNK):
-                conn.execute(insert(RESULTS), [_row(result) for result in chunk])
-                touched.update(_path_day(result) for result in chunk)
-                count += len(chunk)
-            rollup.refresh(conn, touched)
+                rows = [_row(result) for result in chunk]
+                conn.execute(insert(RESULTS), rows)
+                rollup.accumulate(conn, map(_summarised, rows))
+                count += len(rows)
         return count
 
     def upsert_by_token(self, result: Result) -> str:
@@ -434,8 +434,9 @@ class Archive:
                 yield convert(row)
 
 
-def _path_day(result: Result) -> rollup.PathDay:
-    return (result.target, result.monitor, result.probe, rollup.day_of(result.started_at))
+def _summarised(row: dict[str, Any]) -> tuple[str, str, str, datetime, str, Any]:
+    """What the daily summaries read of a stored row (rollup.SOURCE's columns)."""
+    return tuple(row[column.name] for column in rollup.SOURCE)  # type: ignore[return-value]
 
 
 def _count_query(

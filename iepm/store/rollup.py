@@ -2,9 +2,10 @@
 
 Views that span a year (weekly means on a target page, the monitors of a target) read one row
 per path, day and metric instead of every result: a year of a 90-minute path is 5,840 results
-but 365 days. The rows of a (target, monitor, probe, day) are recomputed from that day's results
-in the same transaction as every write, so they cannot disagree with the results — a
-re-extracted run whose reading changed is recomputed too, which running sums could not do.
+but 365 days. They change in the same transaction as the results they summarise, so they cannot
+disagree: a new result is added to its day's sums (:func:`accumulate`, an upsert: no read of the
+day's results), and the day of a replaced result — a re-extracted run whose reading changed — is
+recomputed from its results (:func:`refresh`), which running sums could not do.
 
 Days are UTC days. Per day and metric: ``n`` successful results with a finite value, their
 ``total``, ``total_sq`` (for a standard deviation), ``minimum`` and ``maximum``. The pseudo-metric
@@ -17,9 +18,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, time, timedelta
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select
+from sqlalchemy import Connection, Insert, delete, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from iepm.store.schema import daily as DAILY
 from iepm.store.schema import results as RESULTS
@@ -111,6 +114,39 @@ def summarise(
             "minimum": s.minimum if counted else None,
             "maximum": s.maximum if counted else None,
         }
+
+
+@cache
+def _adding(dialect: str) -> Insert:
+    """The upsert that adds a day's new sums to the stored ones (built once: building it costs
+    more than running it)."""
+    if dialect == "sqlite":
+        statement, least, greatest = sqlite.insert(DAILY), func.min, func.max
+    else:
+        statement, least, greatest = postgresql.insert(DAILY), func.least, func.greatest
+    new = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=list(DAILY.primary_key.columns),
+        set_={
+            # NULL stays NULL (the runs rows): + and both functions give NULL on NULL.
+            "n": DAILY.c.n + new.n,
+            "total": DAILY.c.total + new.total,
+            "total_sq": DAILY.c.total_sq + new.total_sq,
+            "minimum": least(DAILY.c.minimum, new.minimum),
+            "maximum": greatest(DAILY.c.maximum, new.maximum),
+        },
+    )
+
+
+def accumulate(
+    conn: Connection, rows: Iterable[tuple[str, str, str, datetime, str, dict[str, Any] | None]]
+) -> None:
+    """Add results just inserted (as for :func:`summarise`) to their days, inside the caller's
+    transaction. Only for new results: a replaced one would be counted twice (use refresh)."""
+    deltas = list(summarise(rows))
+    statement = _adding(conn.dialect.name)
+    for start in range(0, len(deltas), INSERT_CHUNK):
+        conn.execute(statement, deltas[start : start + INSERT_CHUNK])
 
 
 def refresh(conn: Connection, keys: Iterable[PathDay]) -> None:
