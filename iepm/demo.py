@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -36,8 +36,10 @@ from iepm.config import Config, load_config_text
 from iepm.errors import IepmError, LabError, ToolNotFound
 from iepm.results import Result
 from iepm.runner import run_command
-from iepm.scheduler import CycleReport, Scheduler
-from iepm.store import Archive
+
+if TYPE_CHECKING:  # imported when the demo runs: the archive and scheduler pull in SQLAlchemy
+    from iepm.scheduler import CycleReport, Scheduler
+    from iepm.store import Archive
 
 TOPOLOGY = Path(__file__).resolve().parents[1] / "examples" / "lab" / "demo.toml"
 IPERF3_PORT = 5201
@@ -270,6 +272,9 @@ class Demo:
         return cls(workdir, config, "loopback", servers=servers, stack=stack)
 
     def open(self, on_result: Callable[[Result], None] | None = None) -> Scheduler:
+        from iepm.scheduler import Scheduler
+        from iepm.store import Archive
+
         if self.scheduler is None:
             self.archive = self.stack.enter_context(Archive.open(self.config.monitor.archive))
             self.scheduler = Scheduler(self.config, self.archive, on_result=on_result)
@@ -313,7 +318,8 @@ def run_demo(
 ) -> None:
     """The ``iepm demo`` command: start, serve, measure until Ctrl-C (or ``cycles`` cycles),
     then tear everything down."""
-    from iepm.web.cli import parse_listen, serve_in_background
+    from iepm.web.cli import parse_listen
+    from iepm.web.server import serve_in_background
 
     host, port = parse_listen(listen)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

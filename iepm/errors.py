@@ -45,3 +45,7 @@ class StoreError(IepmError):
 
 class LabError(IepmError):
     """The WAN lab could not be built, changed or torn down."""
+
+
+class AnalysisError(IepmError):
+    """A series cannot be analysed: unreadable file, bad rows, too little data."""

@@ -12,15 +12,18 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from iepm.analysis.changes import detect_online, segment
-from iepm.analysis.diurnal import fit_diurnal
-from iepm.analysis.forecast import METHODS, START, walk_forward
-from iepm.analysis.series import AnalysisError, Series, iso, read_series
-from iepm.errors import IepmError
+from iepm.analysis.methods import METHODS, START
+from iepm.errors import AnalysisError, IepmError
+
+if TYPE_CHECKING:
+    from iepm.analysis.series import Series
+
+# The analyses (numpy, scipy) are imported inside the commands: every `iepm` command line
+# imports this module, and most never analyse a series.
 
 CsvOpt = Annotated[
     Path,
@@ -70,6 +73,8 @@ def forecast_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Walk-forward one-step-ahead forecasts with 80% prediction intervals."""
+    from iepm.analysis.forecast import walk_forward
+    from iepm.analysis.series import iso, read_series
 
     def work() -> list[Any]:
         if method not in METHODS:
@@ -107,6 +112,8 @@ def changes_command(
     ] = False,
 ) -> None:
     """Step changes: offline segmentation, or (--online) the alerts as they would be raised."""
+    from iepm.analysis.changes import detect_online, segment
+    from iepm.analysis.series import read_series
 
     def work() -> tuple[Series, list[Any]]:
         s = read_series(csv)
@@ -148,6 +155,8 @@ def diurnal_command(
     ] = math.pi / 2,
 ) -> None:
     """Fit |a|·sin(x + b) + c over the time of day, weekdays and weekends apart."""
+    from iepm.analysis.diurnal import fit_diurnal
+    from iepm.analysis.series import read_series
 
     def work() -> dict[str, Any]:
         s = read_series(csv)
@@ -185,6 +194,7 @@ def alerts_command(
 ) -> None:
     """Step-change alerts stored by the monitor, oldest first, with their likely cause."""
     from iepm.analysis.alerts import load_alerts
+    from iepm.analysis.series import iso
     from iepm.config import load_config
     from iepm.store import Archive
 

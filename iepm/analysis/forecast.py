@@ -56,15 +56,12 @@ import numpy as np
 import numpy.typing as npt
 
 from iepm.analysis.changes import OnlineDetector
+from iepm.analysis.methods import BASELINES, METHODS, PREDICTORS, START
 from iepm.analysis.series import AnalysisError
 
 FloatArray = npt.NDArray[np.float64]
 
 Z80 = 1.2816  # standard normal 90% quantile: mean ± Z80·sd is a nominal 80% interval
-START = 5  # first forecast index: MA(5) needs 5 measurements
-BASELINES = ("ma5", "ewma")
-PREDICTORS = ("median5", "holt", "levelshift", "levelmode", "levelrel", "lastweek")
-METHODS = (*BASELINES, *PREDICTORS, "auto")
 # The ensemble's members (chosen on the tune half too: Holt and same-time-last-week only added
 # noise to the choice there), and the one it uses until the others have a record.
 ENSEMBLE: tuple[str, ...] = ("median5", "levelshift", "levelmode", "levelrel")

@@ -29,13 +29,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from iepm.errors import IepmError
+from iepm.errors import AnalysisError
 
 FloatArray = npt.NDArray[np.float64]
-
-
-class AnalysisError(IepmError):
-    """A series cannot be analysed: unreadable file, bad rows, too little data."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,7 +28,6 @@ from iepm.errors import IepmError
 from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.rawlog import RawLog
-from iepm.store import Archive
 
 console = Console()
 study_app = typer.Typer(help="Tuning studies: duration, impact, early stop, Mathis, CPU cost.")
@@ -36,6 +35,17 @@ study_app = typer.Typer(help="Tuning studies: duration, impact, early stop, Math
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="targets.toml: TARGET is a target's name.")
 ]
+if TYPE_CHECKING:
+    from iepm.store import Archive
+
+
+def open_archive(url: str) -> Archive:
+    """The archive, imported on use: SQLAlchemy and Alembic are not needed to print --help."""
+    from iepm.store import Archive
+
+    return Archive.open(url)
+
+
 DbOpt = Annotated[str | None, typer.Option("--db", help="Archive URL (default: the config's).")]
 NetnsOpt = Annotated[str | None, typer.Option("--netns", help="Run the tools in this netns.")]
 MonitorOpt = Annotated[str | None, typer.Option("--monitor", help="Monitor name to record.")]
@@ -226,7 +236,7 @@ def _tune_one(where: Where, plan: Any, limits: Any, *, save: bool, quiet: bool) 
                 f"[yellow]note: {where.ctx.target} sets iperf3 {key} in its own config; "
                 "that setting wins over the tuned one[/]"
             )
-    with Archive.open(where.archive_url) as archive:
+    with open_archive(where.archive_url) as archive:
         extra = {"route": _guard(lambda: route_of(archive, where.ctx.target))}
         with _progress(f"tune {where.ctx.target}", not quiet) as on_point:
             return _guard(
@@ -253,7 +263,7 @@ def _due_targets(config: Path | None, period_days: float) -> list[str]:
         raise _fail("--due needs --config")
     loaded = _guard(lambda: load_config(config))
     due = []
-    with Archive.open(loaded.monitor.archive) as archive:
+    with open_archive(loaded.monitor.archive) as archive:
         for entry in loaded.targets:
             if "iperf3" not in entry.probes:
                 continue
@@ -353,7 +363,7 @@ def duration_command(
         max_total_s=max_total,
     )
     where = _guard(lambda: _where(target, config, db, netns, monitor, port))
-    with Archive.open(where.archive_url) as archive, _progress("duration", not as_json) as cb:
+    with open_archive(where.archive_url) as archive, _progress("duration", not as_json) as cb:
         study = _guard(
             lambda: _run_async(
                 run_duration_study(archive, where.ctx, plan, base=where.base, on_point=cb)
@@ -413,7 +423,7 @@ def impact_command(
         pings=pings,
     )
     where = _guard(lambda: _where(target, config, db, netns, monitor, port))
-    with Archive.open(where.archive_url) as archive, _progress("impact", not as_json) as cb:
+    with open_archive(where.archive_url) as archive, _progress("impact", not as_json) as cb:
         study = _guard(
             lambda: _run_async(
                 run_impact_study(archive, where.ctx, plan, base=where.base, on_point=cb)
@@ -472,7 +482,7 @@ def early_stop_command(
 
     cfg = EarlyStopConfig(full_duration_s=full, tolerance=tolerance)
     where = _guard(lambda: _where(target, config, db, netns, monitor, port))
-    with Archive.open(where.archive_url) as archive:
+    with open_archive(where.archive_url) as archive:
         study = _guard(
             lambda: _run_async(
                 run_early_stop_study(archive, where.ctx, where.base, cfg, compare=compare)
@@ -618,7 +628,7 @@ def _archive(config: Path | None, db: str | None) -> Iterator[Archive]:
     url = db or (_guard(lambda: load_config(config)).monitor.archive if config else None)
     if url is None:
         raise _fail("give --db URL or --config FILE to say which archive to read")
-    archive = _guard(lambda: Archive.open(url))
+    archive = _guard(lambda: open_archive(url))
     with archive:
         yield archive
 

@@ -1,28 +1,15 @@
-"""``iepm serve`` and a background server for the demo and the browser tests."""
+"""``iepm serve``: the dashboard, REST API and /metrics (run by iepm.web.server)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
-import threading
-import time
-from dataclasses import dataclass
 from typing import Annotated
 
 import typer
-import uvicorn
-from uvicorn.supervisors import Multiprocess
 
 from iepm.errors import IepmError
-from iepm.scheduler import SchedulerHealth
-
-# Worker processes read the archive URL from here (uvicorn starts them from an import string).
-URL_ENV = "IEPM_SERVE_ARCHIVE"
-# Requests in flight get this long to finish on SIGINT/SIGTERM before connections are closed.
-GRACEFUL_SHUTDOWN_S = 10
-START_TIMEOUT_S = 15.0
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -32,90 +19,6 @@ def parse_listen(text: str) -> tuple[str, int]:
         raise ValueError(f"--listen: expected ADDR:PORT such as 127.0.0.1:8080, got {text!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port_text)
-
-
-def _config(
-    archive_url: str, host: str, port: int, health: SchedulerHealth | None
-) -> uvicorn.Config:
-    from iepm.web.app import create_app
-
-    return uvicorn.Config(
-        create_app(archive_url, health=health),
-        host=host,
-        port=port,
-        log_level="warning",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # The archive is the only state: no reload, no proxy headers, one process.
-        access_log=False,
-    )
-
-
-@dataclass
-class ServerHandle:
-    """A server running in a thread of this process; ``stop()`` shuts it down gracefully."""
-
-    server: uvicorn.Server
-    thread: threading.Thread
-    url: str
-
-    def stop(self, timeout_s: float = GRACEFUL_SHUTDOWN_S + 5) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            self.server.force_exit = True
-            self.thread.join(5)
-
-
-def serve_in_background(
-    archive_url: str,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    health: SchedulerHealth | None = None,
-) -> ServerHandle:
-    """Serve the dashboard from a thread (the demo does this beside its scheduler, passing the
-    scheduler's ``health`` so /metrics shows its archive write failures). Returns once the
-    server accepts connections; raises IepmError if it could not start."""
-    server = uvicorn.Server(_config(archive_url, host, port, health))
-    # Signals belong to the main program (the demo stops us with stop()).
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    thread = threading.Thread(target=server.run, name=f"iepm-web-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            thread.join(5)
-            raise IepmError(f"the web server could not start on {host}:{port}")
-        time.sleep(0.02)
-    shown = f"[{host}]" if ":" in host else host
-    return ServerHandle(server, thread, f"http://{shown}:{port}/")
-
-
-class TcpConfig(uvicorn.Config):
-    """uvicorn's multi-worker supervisor binds the listening socket with ``proto`` 0; accepted
-    connections inherit it, and asyncio turns TCP_NODELAY on only when ``proto`` is
-    IPPROTO_TCP. With Nagle's algorithm on, every keep-alive response waited ~40 ms for the
-    client's delayed ACK (uvicorn issue #3149): every request of ``--workers 2`` took 44 ms,
-    even /api/v1/health. This one binds it as TCP."""
-
-    def bind_socket(self) -> socket.socket:
-        family = socket.AF_INET6 if self.host and ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except OSError:
-            sock.close()
-            raise
-        sock.set_inheritable(True)
-        return sock
-
-
-def app_from_env() -> object:
-    """The app of one worker process (``--workers N``): its archive URL is in the environment."""
-    from iepm.web.app import create_app
-
-    return create_app(os.environ[URL_ENV])
 
 
 def serve_command(
@@ -128,9 +31,14 @@ def serve_command(
     ] = 1,
 ) -> None:
     """Serve the report pages, the REST API (/api/v1, docs at /docs) and /metrics."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from iepm.web.server import GRACEFUL_SHUTDOWN_S, URL_ENV, TcpConfig, uvicorn_config
+
     try:
         host, port = parse_listen(listen)
-        config = _config(db, host, port, None)
+        config = uvicorn_config(db, host, port, None)
     except (IepmError, ValueError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise typer.Exit(2) from None
@@ -142,7 +50,7 @@ def serve_command(
         # supervisor forwards SIGINT/SIGTERM to the workers, which shut down gracefully.
         os.environ[URL_ENV] = db
         config = TcpConfig(
-            "iepm.web.cli:app_from_env",
+            "iepm.web.server:app_from_env",
             factory=True,
             host=host,
             port=port,

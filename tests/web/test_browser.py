@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from iepm.results import format_time
-from iepm.web.cli import ServerHandle, serve_in_background
+from iepm.web.server import ServerHandle, serve_in_background
 from tests.helpers import free_port
 from tests.web import data
 from tests.web.browser import PAINTED, series_count, shoot

@@ -24,7 +24,7 @@ from iepm.export import format_number
 from iepm.lab.testing import lab_unavailable, unique_lab_name
 from iepm.results import Result
 from iepm.store import Archive
-from iepm.web.cli import serve_in_background
+from iepm.web.server import serve_in_background
 from tests.helpers import free_port
 from tests.web.browser import PAINTED, series_count, shoot
 

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from iepm.web.app import create_app
-from iepm.web.cli import parse_listen, register, serve_in_background
+from iepm.web.cli import parse_listen, register
+from iepm.web.server import serve_in_background
 from tests.helpers import free_port
 
 
@@ -187,9 +188,9 @@ def test_multi_worker_connections_get_tcp_nodelay() -> None:
     import asyncio
     import socket
 
-    from iepm.web.cli import TcpConfig
+    from iepm.web.server import TcpConfig
 
-    config = TcpConfig("iepm.web.cli:app_from_env", host="127.0.0.1", port=0, workers=2)
+    config = TcpConfig("iepm.web.server:app_from_env", host="127.0.0.1", port=0, workers=2)
     listener = config.bind_socket()
     nodelay: list[int] = []
 

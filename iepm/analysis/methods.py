@@ -1,0 +1,7 @@
+"""Names the CLI needs before any analysis runs (kept free of numpy so that ``iepm --help``
+starts fast); iepm.analysis.forecast checks that its predictors match them."""
+
+BASELINES = ("ma5", "ewma")
+PREDICTORS = ("median5", "holt", "levelshift", "levelmode", "levelrel", "lastweek")
+METHODS = (*BASELINES, *PREDICTORS, "auto")
+START = 5  # first forecast index: MA(5) needs 5 measurements

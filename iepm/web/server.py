@@ -1,0 +1,109 @@
+"""The web server's machinery: uvicorn configured for iepm, a server in a background thread
+(the demo, the browser tests) and the multi-worker socket fix. ``iepm serve`` (iepm.web.cli)
+imports it only when it serves, so other command lines do not load uvicorn."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from iepm.errors import IepmError
+
+if TYPE_CHECKING:
+    from iepm.scheduler import SchedulerHealth
+
+# Worker processes read the archive URL from here (uvicorn starts them from an import string).
+URL_ENV = "IEPM_SERVE_ARCHIVE"
+# Requests in flight get this long to finish on SIGINT/SIGTERM before connections are closed.
+GRACEFUL_SHUTDOWN_S = 10
+START_TIMEOUT_S = 15.0
+
+
+def uvicorn_config(
+    archive_url: str, host: str, port: int, health: SchedulerHealth | None
+) -> uvicorn.Config:
+    from iepm.web.app import create_app
+
+    return uvicorn.Config(
+        create_app(archive_url, health=health),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # The archive is the only state: no reload, no proxy headers, one process.
+        access_log=False,
+    )
+
+
+@dataclass
+class ServerHandle:
+    """A server running in a thread of this process; ``stop()`` shuts it down gracefully."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    url: str
+
+    def stop(self, timeout_s: float = GRACEFUL_SHUTDOWN_S + 5) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(5)
+
+
+def serve_in_background(
+    archive_url: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    health: SchedulerHealth | None = None,
+) -> ServerHandle:
+    """Serve the dashboard from a thread (the demo does this beside its scheduler, passing the
+    scheduler's ``health`` so /metrics shows its archive write failures). Returns once the
+    server accepts connections; raises IepmError if it could not start."""
+    server = uvicorn.Server(uvicorn_config(archive_url, host, port, health))
+    # Signals belong to the main program (the demo stops us with stop()).
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, name=f"iepm-web-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            thread.join(5)
+            raise IepmError(f"the web server could not start on {host}:{port}")
+        time.sleep(0.02)
+    shown = f"[{host}]" if ":" in host else host
+    return ServerHandle(server, thread, f"http://{shown}:{port}/")
+
+
+class TcpConfig(uvicorn.Config):
+    """uvicorn's multi-worker supervisor binds the listening socket with ``proto`` 0; accepted
+    connections inherit it, and asyncio turns TCP_NODELAY on only when ``proto`` is
+    IPPROTO_TCP. With Nagle's algorithm on, every keep-alive response waited ~40 ms for the
+    client's delayed ACK (uvicorn issue #3149): every request of ``--workers 2`` took 44 ms,
+    even /api/v1/health. This one binds it as TCP."""
+
+    def bind_socket(self) -> socket.socket:
+        family = socket.AF_INET6 if self.host and ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        sock.set_inheritable(True)
+        return sock
+
+
+def app_from_env() -> object:
+    """The app of one worker process (``--workers N``): its archive URL is in the environment."""
+    from iepm.web.app import create_app
+
+    return create_app(os.environ[URL_ENV])
