@@ -110,11 +110,16 @@ class AgentClient:
 
         try:
             return await asyncio.wait_for(run_in_netns(self.netns, call), self.timeout_s + 1.0)
-        except (httpx.HTTPError, OSError, TimeoutError) as exc:
-            kind = type(exc).__name__
+        except (TimeoutError, httpx.TimeoutException) as exc:
             raise RemoteError(
                 f"agent {self.url} did not answer {method} {path} within {self.timeout_s:g} s: "
-                f"{kind}: {exc}"
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        except (httpx.HTTPError, OSError) as exc:
+            # Refused connections and TLS failures (an untrusted certificate, none given to an
+            # agent that requires one) come at once: say what happened, not "no answer in time".
+            raise RemoteError(
+                f"agent {self.url}: {method} {path} failed: {type(exc).__name__}: {exc}"
             ) from None
 
     async def _ok(

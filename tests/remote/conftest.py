@@ -122,7 +122,13 @@ class RunningAgent:
 
 
 def agent_toml(
-    state_dir: Path, tokens: dict[str, str], *, bind: str | None, grace_s: float, ports: str
+    state_dir: Path,
+    tokens: dict[str, str],
+    *,
+    bind: str | None,
+    grace_s: float,
+    ports: str,
+    tls: dict[str, str] | None = None,
 ) -> str:
     lines = [
         "[agent]",
@@ -131,6 +137,7 @@ def agent_toml(
         f"server_ports = {ports}",
         f"slot_grace_s = {grace_s}",
     ]
+    lines += [f'{key} = "{value}"' for key, value in (tls or {}).items()]
     if bind:
         lines.append(f'server_bind = "{bind}"')
     for name, limits in MONITORS.items():
@@ -155,7 +162,9 @@ def running_agent(
     port: int | None = None,
     netns: str | None = None,
     grace_s: float = 3.0,
+    tls: dict[str, str] | None = None,
 ) -> Iterator[RunningAgent]:
+    """``tls``: agent.toml's tls_cert, tls_key and (mutual TLS) tls_client_ca."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     tokens = {name: new_token() for name in MONITORS}
@@ -163,7 +172,12 @@ def running_agent(
     config = tmp / "agent.toml"
     config.write_text(
         agent_toml(
-            tmp / "state", tokens, bind=address, grace_s=grace_s, ports=f"[{low}, {low + 50}]"
+            tmp / "state",
+            tokens,
+            bind=address,
+            grace_s=grace_s,
+            ports=f"[{low}, {low + 50}]",
+            tls=tls,
         )
     )
     argv = [sys.executable, "-m", "iepm.cli", "agent", "--listen", f"{address}:{port}"]
@@ -171,7 +185,7 @@ def running_agent(
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
     agent = RunningAgent(
-        url=f"http://{address}:{port}",
+        url=f"{'https' if tls else 'http'}://{address}:{port}",
         address=address,
         port=port,
         dir=tmp,
