@@ -33,6 +33,22 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def _builder(
+    subject: str, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, *, ca: bool
+) -> x509.CertificateBuilder:
+    """A certificate valid for a day from five minutes ago."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - dt.timedelta(minutes=5))
+        .not_valid_after(NOW + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+
+
 def _write(
     directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
 ) -> Issued:
@@ -56,14 +72,7 @@ class Authority:
         self.directory = directory
         self.key = ec.generate_private_key(ec.SECP256R1())
         self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(name))
-            .issuer_name(_name(name))
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - dt.timedelta(minutes=5))
-            .not_valid_after(NOW + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            _builder(name, _name(name), self.key, ca=True)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -89,14 +98,7 @@ class Authority:
         key = ec.generate_private_key(ec.SECP256R1())
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server_ip else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(stem))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - dt.timedelta(minutes=5))
-            .not_valid_after(NOW + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            _builder(stem, self.cert.subject, key, ca=False)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
