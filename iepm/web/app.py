@@ -7,8 +7,11 @@ URL with ``/tables/NAME?format=csv``. Nothing is loaded from outside the server.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -34,6 +37,11 @@ from iepm.web.queries import METRICS, Queries
 
 HERE = Path(__file__).parent
 MAX_LIMIT = 10_000
+# Pages are computed by this many threads per worker, not by anyio's pool of 40: computing a
+# page is Python holding the GIL, and many threads that also wait on the database pass it to
+# each other in 5 ms turns. 20 concurrent first visits (benchmarks/web.py, three runs each):
+# p99 1.7–2.6 s with anyio's pool, 0.6–0.7 s with 2 threads (1 thread: 1.2 s).
+PAGE_THREADS = 2
 INLINE_LIMIT = 1000  # /api/v1/results pages up to this size are built on the event loop
 # Offsets beyond this are refused: SQLite's integers are 64-bit and nobody pages that far.
 MAX_OFFSET = 1_000_000_000
@@ -224,10 +232,20 @@ def create_app(
     for the figures the archive cannot hold (failed archive writes, spooled results)."""
     queries = Queries(archive_url, cache_ttl_s=cache_ttl_s)
     archive = queries.archive
+    # Made on first use and shut down with the app (which may be started again, as tests do).
+    page_pools: list[ThreadPoolExecutor] = []
+
+    async def computed(fn: Callable[..., str], *args: Any) -> str:
+        if not page_pools:
+            page_pools.append(ThreadPoolExecutor(PAGE_THREADS, "iepm-page"))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(page_pools[0], functools.partial(fn, *args))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        while page_pools:
+            page_pools.pop().shutdown(wait=False, cancel_futures=True)
         queries.close()
 
     app = FastAPI(
@@ -314,7 +332,7 @@ def create_app(
             html = queries.ready(("overview-html",), lambda: overview_html(request, None))
             if html is not None:
                 return HTMLResponse(html)
-        return HTMLResponse(await run_in_threadpool(overview_html, request, until))
+        return HTMLResponse(await computed(overview_html, request, until))
 
     def overview_html(request: Request, until: datetime | None) -> str:
         now = _now(until)
@@ -354,7 +372,7 @@ def create_app(
             html = queries.ready(key, lambda: target_html(request, target, monitor, None))
             if html is not None:
                 return HTMLResponse(html)
-        return HTMLResponse(await run_in_threadpool(target_html, request, target, monitor, until))
+        return HTMLResponse(await computed(target_html, request, target, monitor, until))
 
     def target_html(
         request: Request, target: str, monitor: str | None, until: datetime | None

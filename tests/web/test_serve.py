@@ -274,3 +274,43 @@ def test_serve_command_serves_and_stops_on_sigterm(archive_url: str, workers: in
             proc.wait(timeout=5)
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_pages_are_computed_by_a_few_threads_of_their_own(
+    archive_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many concurrent page computations share PAGE_THREADS threads (not anyio's 40, which
+    pass the GIL to each other in 5 ms turns), and every one of them is answered."""
+    import asyncio
+    import threading
+    from datetime import timedelta
+
+    from iepm.results import format_time
+    from iepm.web import app as web_app
+    from iepm.web import views
+    from tests.web import data
+
+    computing: list[str] = []
+    real = views.target_page
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        computing.append(threading.current_thread().name)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(views, "target_page", recorded)
+    app = create_app(archive_url, cache_ttl_s=0)
+
+    async def visit_all() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://iepm") as client:
+            # A distinct `until` per request: each page is computed for that very request.
+            ends = [data.END - timedelta(hours=h) for h in range(12)]
+            answers = await asyncio.gather(
+                *(client.get(f"/targets/kek-3?until={format_time(end)}") for end in ends)
+            )
+        return [answer.status_code for answer in answers]
+
+    assert asyncio.run(visit_all()) == [200] * 12
+    assert len(computing) == 12
+    assert all(name.startswith("iepm-page") for name in computing)
+    assert len(set(computing)) <= web_app.PAGE_THREADS
