@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import sys
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -42,6 +43,12 @@ MAX_LIMIT = 10_000
 # each other in 5 ms turns. 20 concurrent first visits (benchmarks/web.py, three runs each):
 # p99 1.7–2.6 s with anyio's pool, 0.6–0.7 s with 2 threads (1 thread: 1.2 s).
 PAGE_THREADS = 2
+# While a thread computes a page (0.7–2.5 s for the overview's background refresh), the event
+# loop waits up to the GIL's switch interval each time it wants the GIL back (every socket
+# call): at Python's 5 ms, cached pages answered during a refresh took up to 0.7–1.3 s (p99).
+# At 0.5 ms: p99 17–19 ms in every run (benchmarks/web.py, SQLite, 2 runs each). Set for the
+# whole process: the web app's (iepm serve's workers, or the demo's monitor).
+SWITCH_INTERVAL_S = 0.0005
 INLINE_LIMIT = 1000  # /api/v1/results pages up to this size are built on the event loop
 # Offsets beyond this are refused: SQLite's integers are 64-bit and nobody pages that far.
 MAX_OFFSET = 1_000_000_000
@@ -232,6 +239,7 @@ def create_app(
     for the figures the archive cannot hold (failed archive writes, spooled results)."""
     queries = Queries(archive_url, cache_ttl_s=cache_ttl_s)
     archive = queries.archive
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     # Made on first use and shut down with the app (which may be started again, as tests do).
     page_pools: list[ThreadPoolExecutor] = []
 

@@ -314,3 +314,7 @@ def test_pages_are_computed_by_a_few_threads_of_their_own(
     assert len(computing) == 12
     assert all(name.startswith("iepm-page") for name in computing)
     assert len(set(computing)) <= web_app.PAGE_THREADS
+    # ...and the event loop gets the GIL back quickly from them (see SWITCH_INTERVAL_S).
+    import sys
+
+    assert sys.getswitchinterval() == pytest.approx(web_app.SWITCH_INTERVAL_S)
