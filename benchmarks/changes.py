@@ -34,6 +34,7 @@ Usage: .venv/bin/python benchmarks/changes.py [--ceiling]  → one JSON object.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -121,6 +122,7 @@ def cusum(y: np.ndarray, k: float = 0.5, h: float = 5.0, warmup: int = 20) -> li
     return out
 
 
+@functools.cache  # --ceiling asks for each trace once per setting
 def load(path: Path) -> tuple[np.ndarray, list[int]]:
     """The cleaned trace (RTT ≤ 0 → NaN) and its labelled change indices."""
     s = read_series(path, check_order=False)

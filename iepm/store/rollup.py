@@ -43,7 +43,7 @@ SOURCE = (
     RESULTS.c.started_at,
     RESULTS.c.outcome,
     RESULTS.c.data,
-)  # target, monitor, probe, UTC day
+)
 INSERT_CHUNK = 5000
 
 

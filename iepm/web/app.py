@@ -40,8 +40,9 @@ HERE = Path(__file__).parent
 MAX_LIMIT = 10_000
 # Pages are computed by this many threads per worker, not by anyio's pool of 40: computing a
 # page is Python holding the GIL, and many threads that also wait on the database pass it to
-# each other in 5 ms turns. 20 concurrent first visits (benchmarks/web.py, three runs each):
-# p99 1.7–2.6 s with anyio's pool, 0.6–0.7 s with 2 threads (1 thread: 1.2 s).
+# each other in 5 ms turns. 20 concurrent first visits (benchmarks/web.py, at Python's 5 ms
+# switch interval): p99 1.7–2.6 s with anyio's pool, 0.6–0.7 s with 2 threads (1 thread:
+# 1.2 s); with SWITCH_INTERVAL_S below as well, 1.0–1.1 s (it favours the cached pages).
 PAGE_THREADS = 2
 # While a thread computes a page (0.7–2.5 s for the overview's background refresh), the event
 # loop waits up to the GIL's switch interval each time it wants the GIL back (every socket

@@ -212,3 +212,11 @@ def test_any_finite_series_gives_finite_ordered_forecasts(rows: list[tuple[float
             assert math.isfinite(f.forecast) and math.isfinite(f.lower), method
             assert math.isfinite(f.upper), method
             assert f.lower <= f.forecast <= f.upper, (method, f)
+
+
+def test_every_method_named_for_the_cli_has_its_predictor() -> None:
+    # iepm.analysis.methods lists them without numpy (for `iepm --help`); forecast.py builds them.
+    from iepm.analysis.forecast import _make_predictors
+    from iepm.analysis.methods import BASELINES, PREDICTORS
+
+    assert sorted(p.name for p in _make_predictors()) == sorted([*BASELINES, *PREDICTORS])
