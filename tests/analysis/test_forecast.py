@@ -15,6 +15,7 @@ from iepm.analysis.forecast import (
     START,
     Z80,
     forecast_next,
+    quantile_sorted,
     relative_loss_point,
     walk_forward,
     walk_forward_all,
@@ -220,3 +221,22 @@ def test_every_method_named_for_the_cli_has_its_predictor() -> None:
     from iepm.analysis.methods import BASELINES, PREDICTORS
 
     assert sorted(p.name for p in _make_predictors()) == sorted([*BASELINES, *PREDICTORS])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_method_alone_gives_exactly_what_the_full_walk_gives(method: str) -> None:
+    """``walk_forward`` computes only what ``method`` reads; that must change nothing."""
+    rng = np.random.default_rng(11)
+    n = 400
+    t = 1.7e9 + np.cumsum(rng.uniform(600, 7200, n))
+    y = np.where(np.arange(n) < 250, 80.0, 30.0) * rng.lognormal(0, 0.15, n)
+    assert walk_forward(t, y, method) == walk_forward_all(t, y)[method]
+
+
+@settings(max_examples=200, derandomize=True)
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=120),
+    st.floats(0.0, 1.0),
+)
+def test_quantile_of_sorted_errors_is_numpys_to_the_bit(values: list[float], q: float) -> None:
+    assert quantile_sorted(sorted(values), q) == float(np.quantile(values, q))
