@@ -106,7 +106,9 @@ def _run_probe(
             ctx.monitor = config.monitor.name
             if name in config.target_names():
                 # An agent or SSH target: the probe obtains (and releases) its server there.
-                ctx.remote = config.target(name).remote()
+                from iepm.remote.lease import server_source
+
+                ctx.servers = server_source(config.target(name).remote())
         result: Result = asyncio.run(module.run(spec, ctx))
         if store:
             from iepm.store import Archive

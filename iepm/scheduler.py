@@ -43,6 +43,7 @@ from iepm.errors import StoreError
 from iepm.probes import PROBES
 from iepm.probes.base import ProbeContext, ProbeSpec, failed_result, skipped_result
 from iepm.rawlog import RawLog
+from iepm.remote.lease import server_source
 from iepm.results import Outcome, Result, utcnow
 from iepm.store import Archive, Cycle
 from iepm.tuned import load_tuned
@@ -204,7 +205,7 @@ class Scheduler:
             monitor=self.config.monitor.name,
             raw_log=self.raw_log,
             netns=self.config.monitor.netns,
-            remote=target.remote(),
+            servers=server_source(target.remote()),
         )
 
     def _spec(self, target: TargetConfig, probe: str) -> ProbeSpec:

@@ -17,12 +17,14 @@ A probe module exposes::
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -30,9 +32,6 @@ from iepm.errors import ParseError, ToolFailed, ToolNotFound
 from iepm.rawlog import RawLog
 from iepm.results import Outcome, Result, utcnow
 from iepm.runner import RawRun, run_command, tool_version
-
-if TYPE_CHECKING:
-    from iepm.config import AgentAccess, SshAccess
 
 Scheduling = Literal["exclusive", "background"]
 
@@ -44,6 +43,8 @@ class ProbeMeta:
 
     scheduling: Scheduling
     version_argv: tuple[str, ...] | None = None
+    # Server kind the probe needs on the target ("iperf3"), leased through ``ProbeContext.server``.
+    server: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,40 @@ class ProbeSpec(BaseModel):
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class ServerNeed:
+    """What a probe will run against a server on the target. An agent checks it against the
+    monitor's limits and holds the server to it; sizes in bytes, rates in bit/s."""
+
+    kind: str
+    duration_s: int
+    omit_s: int = 0
+    streams: int = 1
+    window_bytes: int | None = None
+    rate_bps: int | None = None
+    udp: bool = False
+    reverse: bool = False
+
+
+@dataclass(frozen=True)
+class ServerLease:
+    """A server the probe may use until the lease ends. ``port`` None: the probe's own port (a
+    plain endpoint, nothing was started); ``note``: one line for the result's diags."""
+
+    address: str
+    port: int | None = None
+    note: str = ""
+
+
+class ServerSource(Protocol):
+    """Starts servers on a target for the length of one probe run (``iepm.remote`` implements it
+    for agent and SSH targets); probes see it only through ``ProbeContext.server``."""
+
+    def lease(
+        self, need: ServerNeed, *, target: str, address: str, netns: str | None
+    ) -> AbstractAsyncContextManager[ServerLease]: ...
+
+
 @dataclass
 class ProbeContext:
     """Where a probe runs and where its output goes."""
@@ -74,12 +109,25 @@ class ProbeContext:
     # Run the tool inside this network namespace (the lab's monitor host).
     netns: str | None = None
     # Agent or SSH target: servers are started there for each test (None: a plain endpoint).
-    remote: AgentAccess | SshAccess | None = None
+    servers: ServerSource | None = None
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         if self.netns:
             return ["ip", "netns", "exec", self.netns, *argv]
         return list(argv)
+
+    def server(self, need: ServerNeed) -> AbstractAsyncContextManager[ServerLease]:
+        """A server of ``need.kind`` for the block: started (and always stopped) on an agent or
+        SSH target; on a plain endpoint, the one already listening there. RemoteError or
+        ConfigError when it cannot be had."""
+        if self.servers is None:
+            return _plain(self.address)
+        return self.servers.lease(need, target=self.target, address=self.address, netns=self.netns)
+
+
+@contextlib.asynccontextmanager
+async def _plain(address: str) -> AsyncIterator[ServerLease]:
+    yield ServerLease(address)
 
 
 def failed_result(

@@ -35,7 +35,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from pydantic import Field, field_validator, model_validator
@@ -47,15 +47,19 @@ from iepm.probes.base import (
     ProbeContext,
     ProbeMeta,
     ProbeSpec,
+    ServerNeed,
     execute,
     failed_result,
 )
 from iepm.results import Result
 from iepm.runner import RawRun
+from iepm.units import size_bytes
 
 NAME = "iperf3"
 TOOL = "iperf3"
-META = ProbeMeta(scheduling="exclusive", version_argv=("iperf3", "--version"))
+# The server this probe needs on an agent or SSH target (a kind the agent declares).
+SERVER = "iperf3"
+META = ProbeMeta(scheduling="exclusive", version_argv=("iperf3", "--version"), server=SERVER)
 DEFAULT_PORT = 5201
 
 COLUMNS = [
@@ -78,22 +82,11 @@ COLUMNS = [
     Column("loss_percent", "UDP datagrams lost, percent"),
 ]
 
-# iperf3 parses -w with unit_atoi (K = 1024) and -b with unit_atof_rate (K = 1000).
-SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGkmg]?)$")
 # Linux TCP_CA_NAME_MAX is 16 including the NUL.
 CONGESTION_RE = re.compile(r"^[a-z][a-z0-9_]{0,14}$")
 MAX_WINDOW_BYTES = 512 * 1024 * 1024  # iperf3's MAX_TCP_BUFFER
 EXTRA_DATA_MHZ_RE = re.compile(r"(?:^|\s)cpu_mhz=(\d+(?:\.\d+)?)(?:\s|$)")
 INTERRUPTED = "interrupt - the client has terminated"
-
-
-def size_bytes(text: str, *, base: int) -> int:
-    """``256K`` → 262144 (base 1024) or 256000 (base 1000); ValueError when malformed."""
-    match = SIZE_RE.match(text.strip())
-    if not match:
-        raise ValueError(text)
-    scale = {"": 1, "k": base, "m": base**2, "g": base**3}[match.group(2).lower()]
-    return int(float(match.group(1)) * scale)
 
 
 class Spec(ProbeSpec):
@@ -223,20 +216,27 @@ def build_argv(spec: Spec, address: str, *, cpu_mhz: float | None = None) -> lis
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
     module = sys.modules[__name__]
-    if ctx.remote is None:
-        return await execute(module, spec, ctx)
     # Agent or SSH target: a one-shot server is started there for this run, on a port the
-    # target picks, and always stopped afterwards.
-    from iepm.remote.session import iperf3_server
-
+    # target picks, and always stopped afterwards; a plain endpoint's server is already there.
+    need = ServerNeed(
+        kind=SERVER,
+        duration_s=int(spec.duration_s),
+        omit_s=spec.omit_s,
+        streams=spec.streams,
+        window_bytes=spec.window_bytes,
+        rate_bps=spec.rate_bps,
+        udp=spec.udp,
+        reverse=spec.reverse,
+    )
     try:
-        async with iperf3_server(
-            ctx.remote, spec, target=ctx.target, address=ctx.address, netns=ctx.netns
-        ) as server:
-            result = await execute(module, spec.model_copy(update={"port": server.port}), ctx)
+        async with ctx.server(need) as lease:
+            used = spec if lease.port is None else spec.model_copy(update={"port": lease.port})
+            result = await execute(module, used, replace(ctx, address=lease.address))
     except (RemoteError, ConfigError) as exc:
         return failed_result(module, spec, ctx, str(exc))
-    return result.model_copy(update={"diags": f"{server.note}\n{result.diags}"})
+    if not lease.note:
+        return result
+    return result.model_copy(update={"diags": f"{lease.note}\n{result.diags}"})
 
 
 # ---------------------------------------------------------------------------------------------
