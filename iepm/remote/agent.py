@@ -53,6 +53,7 @@ from iepm.remote.httpguard import (
     Gate,
     QuietAccept,
     bearer_token,
+    connection_cap,
     refusal_response,
     unauthorized,
     uvicorn_options,
@@ -502,9 +503,8 @@ class Agent:
         # An untouched socket starts at tcp_[rw]mem's default; when the request named no
         # window it may autotune up to their maximum.
         start, most = self.buffer_defaults
-        return buffer_excess(
-            buffer_sizes(raw.stdout), slot.grant, start if slot.grant.window_granted else most
-        )
+        defaults = start if slot.grant.window_granted else most
+        return buffer_excess(buffer_sizes(raw.stdout), slot.guard, slot.grant, defaults)
 
     async def _watch(self, slot: Slot) -> None:
         """Hold the test to its grant as it runs; kill it at the deadline; free the slot then
@@ -717,9 +717,8 @@ def serve(config: AgentConfig, host: str, port: int, *, log_level: str = "info")
     # Connections are capped below the fd limit (servers, pipes and ss need some), so accept()
     # never fails for want of descriptors.
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    most = settings.max_connections
-    if soft != resource.RLIM_INFINITY:
-        most = max(4, min(most, soft - 48))
+    fd_limit = None if soft == resource.RLIM_INFINITY else soft
+    most = connection_cap(settings.max_connections, fd_limit)
     logging.getLogger("asyncio").addFilter(QuietAccept())
     options: dict[str, Any] = uvicorn_options(settings.request_timeout_s, most)
     if settings.tls_cert is not None:

@@ -31,6 +31,12 @@ from iepm.remote.trust import MonitorEntry
 log = logging.getLogger("iepm.agent")
 
 LOG_EVERY_S = 10.0
+# Listen backlog, which is also how many connections asyncio accepts in one go before their
+# protocols run (and the cap closes the extra ones): the fds in flight beyond the cap.
+ACCEPT_BATCH = 64
+# Descriptors kept free beside the connections: two accept batches, the servers' pipes, ss,
+# the state and log files.
+FD_RESERVE = 2 * ACCEPT_BATCH + 32
 
 
 def refusal_response(status: int, refusal: Refusal) -> JSONResponse:
@@ -253,8 +259,16 @@ def guarded_protocol(request_timeout_s: float, max_connections: int) -> type[H11
     return GuardedH11Protocol
 
 
+def connection_cap(max_connections: int, fd_limit: int | None) -> int:
+    """max_connections, lowered so that accept() never meets the fd limit."""
+    if fd_limit is None:
+        return max_connections
+    return max(4, min(max_connections, fd_limit - FD_RESERVE))
+
+
 def uvicorn_options(request_timeout_s: float, max_connections: int) -> dict[str, Any]:
     return {
         "http": guarded_protocol(request_timeout_s, max_connections),
         "timeout_keep_alive": min(5.0, request_timeout_s),
+        "backlog": ACCEPT_BATCH,
     }

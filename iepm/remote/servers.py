@@ -42,6 +42,11 @@ class Guard(Protocol):
         (a stream just connected, the test starts)."""
         ...
 
+    def carries_data(self, peer_port: int) -> bool:
+        """Whether the connection from this client port is a test stream (a control
+        connection's buffers autotune freely and are not the test's window)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ServerKind:
@@ -57,7 +62,7 @@ class ServerKind:
 
 # --- iperf3 ------------------------------------------------------------------------------------
 
-IPERF3_STREAM = re.compile(rb"^\[\s*\d+\] local \S+ port \d+ connected to ")
+IPERF3_STREAM = re.compile(rb"^\[\s*\d+\] local \S+ port \d+ connected to \S+ port (\d+)")
 # -V prints it once every stream is connected, just before the data flows.
 IPERF3_START = re.compile(
     rb"^Starting Test: protocol: (?P<proto>\w+), (?P<streams>\d+) streams, .*?"
@@ -79,13 +84,14 @@ def _iperf3_argv(program: str, port: int, bind: str | None, grant: Grant) -> lis
 class Iperf3Guard:
     def __init__(self, grant: Grant) -> None:
         self.grant = grant
-        self.streams = 0
+        self.peers: set[int] = set()
 
     def line(self, line: bytes) -> str | None:
         grant = self.grant
-        if IPERF3_STREAM.match(line):
-            self.streams += 1
-            if self.streams > grant.streams:
+        stream = IPERF3_STREAM.match(line)
+        if stream is not None:
+            self.peers.add(int(stream[1]))
+            if len(self.peers) > grant.streams:
                 return f"a stream beyond the {grant.streams} granted connected"
             return None
         start = IPERF3_START.match(line)
@@ -104,6 +110,9 @@ class Iperf3Guard:
 
     def inspect_sockets(self, line: bytes) -> bool:
         return bool(IPERF3_STREAM.match(line) or IPERF3_START.match(line))
+
+    def carries_data(self, peer_port: int) -> bool:
+        return peer_port in self.peers
 
 
 IPERF3 = ServerKind(
@@ -126,30 +135,39 @@ def kind_of(name: str) -> ServerKind | None:
 # --- socket buffers ----------------------------------------------------------------------------
 
 SKMEM = re.compile(r"skmem:\(([^)]*)\)")
+PEER_PORT = re.compile(r":(\d+)$")
 
 
-def buffer_sizes(ss_output: str) -> list[tuple[int, int]]:
-    """(receive, send) buffer bytes of each socket in ``ss -tumnH`` output (``skmem`` rb/tb)."""
+def buffer_sizes(ss_output: str) -> list[tuple[int, int, int]]:
+    """(peer port, receive buffer, send buffer) of each socket in ``ss -tumnH state
+    established`` output: a line ``tcp 0 0 LOCAL PEER`` then its ``skmem:(…rbN,…tbN…)``."""
     sizes = []
-    for match in SKMEM.finditer(ss_output):
-        fields = dict(re.findall(r"([a-z]+)(\d+)", match.group(1)))
-        if "rb" in fields and "tb" in fields:
-            sizes.append((int(fields["rb"]), int(fields["tb"])))
+    peer = None
+    for line in ss_output.splitlines():
+        if line and not line[0].isspace():
+            fields = line.split()
+            found = PEER_PORT.search(fields[-1]) if fields else None
+            peer = int(found[1]) if found else None
+        skmem = SKMEM.search(line)
+        if skmem and peer is not None:
+            values = dict(re.findall(r"([a-z]+)(\d+)", skmem[1]))
+            if "rb" in values and "tb" in values:
+                sizes.append((peer, int(values["rb"]), int(values["tb"])))
     return sizes
 
 
 def buffer_excess(
-    sizes: list[tuple[int, int]], grant: Grant, defaults: tuple[int, int]
+    sizes: list[tuple[int, int, int]], guard: Guard, grant: Grant, defaults: tuple[int, int]
 ) -> str | None:
-    """Why a socket's buffers exceed the grant, or None. Linux doubles SO_RCVBUF/SO_SNDBUF (a
-    window W shows as 2W); an untouched socket starts at tcp_rmem/tcp_wmem's default and, when
-    the request named no window, may autotune up to their maximum (``defaults``)."""
-    allowed = 2 * grant.window_bytes
-    for rb, tb in sizes:
-        biggest = max(rb, tb)
-        if biggest > max(allowed, *defaults):
+    """Why a test stream's buffers exceed the grant, or None. Linux doubles SO_RCVBUF and
+    SO_SNDBUF (a window W shows as 2W); an untouched socket starts at tcp_rmem/tcp_wmem's
+    default and, when the request named no window, may autotune up to their maximum
+    (``defaults``)."""
+    allowed = max(2 * grant.window_bytes, *defaults)
+    for peer, rb, tb in sizes:
+        if guard.carries_data(peer) and max(rb, tb) > allowed:
             return (
-                f"a socket uses a {biggest // 2} byte window, the slot granted "
+                f"a socket uses a {max(rb, tb) // 2} byte window, the slot granted "
                 f"{grant.window_bytes} bytes"
             )
     return None
