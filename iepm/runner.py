@@ -312,16 +312,29 @@ def _debian_package(tool: str) -> str:
 
 
 def _prepare(
-    argv: Sequence[str], env: Mapping[str, str] | None, die_with_monitor: bool
-) -> tuple[tuple[str, ...], str, dict[str, str], Callable[[], None] | None]:
+    argv: Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    die_with_monitor: bool,
+) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """argv as strings and what both the asyncio and the subprocess start take."""
     if not argv:
         raise ValueError("empty argv")
     args = tuple(str(a) for a in argv)
-    executable = resolve_executable(args[0])
-    # The C locale keeps outputs parsable whatever the host's language.
-    environ = {**(dict(env) if env is not None else os.environ), "LC_ALL": "C"}
-    setup = _child_setup(_guardian.fd()) if die_with_monitor else None
-    return args, executable, environ, setup
+    options: dict[str, Any] = {
+        # argv[0] stays as given (tools name themselves by it in messages); the resolved path
+        # is what runs. The C locale keeps outputs parsable whatever the host's language.
+        "executable": resolve_executable(args[0]),
+        "env": {**(dict(env) if env is not None else os.environ), "LC_ALL": "C"},
+        "cwd": cwd,
+        "start_new_session": True,
+        "preexec_fn": _child_setup(_guardian.fd()) if die_with_monitor else None,
+    }
+    return args, options
+
+
+def _cannot_execute(args: tuple[str, ...], exc: OSError) -> ToolNotFound:
+    return ToolNotFound(f"{args[0]}: cannot execute: {exc.strerror}")
 
 
 # --- the supervisor -----------------------------------------------------------------------------
@@ -398,28 +411,19 @@ async def start_process(
     """Start ``argv`` (never a shell) in a new session, dying with the monitor; the stream
     arguments take PIPE, DEVNULL, STDOUT, a file or a descriptor, as subprocess does.
 
-    Raises ToolNotFound when ``argv[0]`` cannot be executed. ``argv[0]`` stays as given (tools
-    name themselves by it in messages); the resolved path is what runs.
+    Raises ToolNotFound when ``argv[0]`` cannot be executed.
     """
-    args, executable, environ, setup = _prepare(argv, env, die_with_monitor)
+    args, options = _prepare(argv, env, cwd, die_with_monitor)
     started_at, t0 = utcnow(), time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *args,
-            executable=executable,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-            preexec_fn=setup,
-            env=environ,
-            cwd=cwd,
+            *args, stdin=stdin, stdout=stdout, stderr=stderr, **options
         )
     except (FileNotFoundError, PermissionError) as exc:
-        raise ToolNotFound(f"{args[0]}: cannot execute: {exc.strerror}") from exc
-    if setup is not None:
+        raise _cannot_execute(args, exc) from exc
+    if die_with_monitor:
         _guardian.register(proc.pid)
-    return Supervised(proc, args, started_at, t0, registered=setup is not None)
+    return Supervised(proc, args, started_at, t0, registered=die_with_monitor)
 
 
 @dataclass
@@ -481,25 +485,16 @@ def start_process_sync(
     ``die_with_monitor=False`` is for helpers that must outlive the command that started them
     (the lab's delay lines outlive ``iepm lab up``; its state file is what stops them).
     """
-    args, executable, environ, setup = _prepare(argv, env, die_with_monitor)
+    args, options = _prepare(argv, env, cwd, die_with_monitor)
     try:
         popen = subprocess.Popen(
-            args,
-            executable=executable,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            text=text,
-            start_new_session=True,
-            preexec_fn=setup,
-            env=environ,
-            cwd=cwd,
+            args, stdin=stdin, stdout=stdout, stderr=stderr, text=text, **options
         )
     except (FileNotFoundError, PermissionError) as exc:
-        raise ToolNotFound(f"{args[0]}: cannot execute: {exc.strerror}") from exc
-    if setup is not None:
+        raise _cannot_execute(args, exc) from exc
+    if die_with_monitor:
         _guardian.register(popen.pid)
-    return SyncSupervised(popen, args, registered=setup is not None)
+    return SyncSupervised(popen, args, registered=die_with_monitor)
 
 
 def stop_groups(
@@ -509,6 +504,7 @@ def stop_groups(
     TERM each group and its leader, wait ``grace_s`` for the leaders, KILL what remains, wait
     at most KILL_WAIT_S. ``alive(pid)`` says whether a leader is still the process meant (PID
     reuse). Returns the leaders still alive."""
+    leaders = list(leaders)
     live = [pid for pid in leaders if alive(pid)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
         for pid in live:
@@ -525,6 +521,8 @@ def stop_groups(
                 time.sleep(0.02)
         if not live:
             break
+    for pid in leaders:
+        _guardian.unregister(pid)  # stopped: the guardian must not kill a reused PID later
     return live
 
 
