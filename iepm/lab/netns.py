@@ -118,24 +118,25 @@ def route_dev(netns: str, address: str) -> str | None:
 # --- processes ----------------------------------------------------------------------------------
 
 
-def start_time(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (clock ticks since boot), to tell a reused PID apart."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after "pid (comm)" (field 3 of stat is index 0 here)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])  # field 22 of stat, counted after "pid (comm)"
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (clock ticks since boot), to tell a reused PID apart."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None  # field 22 of stat
 
 
 def cpu_ticks(pid: int) -> int | None:
     """utime + stime of ``pid`` in clock ticks."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
+    fields = _stat_fields(pid)
+    return int(fields[11]) + int(fields[12]) if fields else None
 
 
 @dataclass
@@ -150,15 +151,14 @@ class ProcRecord:
     link: str | None = None
 
     def alive(self) -> bool:
-        if self.start is None:
-            return False
-        st = start_time(self.pid)
-        if st != self.start:
-            return False
-        with contextlib.suppress(OSError):
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            return state != "Z"
-        return False
+        fields = _stat_fields(self.pid)
+        # The same process (start time), and running (not a zombie waiting to be reaped).
+        return (
+            self.start is not None
+            and fields is not None
+            and int(fields[19]) == self.start
+            and fields[0] != "Z"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -229,7 +229,5 @@ def kill_pids(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] == "Z"
