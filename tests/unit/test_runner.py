@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from iepm.errors import ToolNotFound
-from iepm.runner import run_command
+from iepm.runner import run_command, start_process, start_process_sync
 
 
 def run(argv: list[str], timeout_s: float, **kwargs: object):  # type: ignore[no-untyped-def]
@@ -134,13 +134,99 @@ def test_stdin_is_closed_so_a_prompt_cannot_hang() -> None:
     assert raw.stdout.strip() == "''"
 
 
+# A tool that ignores SIGTERM and forks a helper that does too: only SIGKILL to the group ends it.
+STUBBORN = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+    print(child.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_supervised_stop_ends_a_stubborn_group_within_its_deadline() -> None:
+    async def scenario() -> tuple[list[int], float, int | None]:
+        tool = await start_process([sys.executable, "-c", STUBBORN])
+        assert tool.process.stdout is not None
+        helper = int(await asyncio.wait_for(tool.process.stdout.readline(), 30))
+        t0 = time.monotonic()
+        status = await tool.stop(grace_s=0.5)
+        return [tool.pid, helper], time.monotonic() - t0, status
+
+    pids, elapsed, status = asyncio.run(scenario())
+    assert status == -signal.SIGKILL
+    assert 0.5 <= elapsed < 0.5 + 3.0
+    assert [pid for pid in pids if alive(pid)] == []
+
+
+def test_sync_supervised_stop_ends_a_stubborn_group_within_its_deadline() -> None:
+    tool = start_process_sync([sys.executable, "-c", STUBBORN], text=True)
+    assert tool.popen.stdout is not None
+    helper = int(tool.popen.stdout.readline())
+    t0 = time.monotonic()
+    status = tool.stop(grace_s=0.5)
+    elapsed = time.monotonic() - t0
+    tool.popen.stdout.close()
+    assert status == -signal.SIGKILL
+    assert 0.5 <= elapsed < 0.5 + 3.0
+    assert [pid for pid in (tool.pid, helper) if alive(pid)] == []
+
+
+# The monitor starts a tool that cancels its own parent-death signal (as an exec with file
+# capabilities does for an unprivileged monitor), prints its PID and waits to be killed.
+ESCAPING_MONITOR = textwrap.dedent(
+    """
+    import sys, time
+    from iepm.runner import start_process_sync
+    tool = start_process_sync([sys.executable, "-c",
+        "import ctypes, time; ctypes.CDLL(None).prctl(1, 0, 0, 0, 0); print('ready', flush=True);"
+        " time.sleep(300)"], text=True)
+    assert tool.popen.stdout.readline() == "ready\\n"
+    print(tool.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_a_tool_without_parent_death_signal_dies_with_its_monitor() -> None:
+    monitor = subprocess.Popen(
+        [sys.executable, "-c", ESCAPING_MONITOR],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    tool = None
+    try:
+        assert monitor.stdout is not None
+        tool = int(monitor.stdout.readline())
+        assert alive(tool)
+        os.kill(monitor.pid, signal.SIGKILL)
+        monitor.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while alive(tool) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(tool), "the tool outlived its monitor"
+    finally:
+        if tool is not None and alive(tool):
+            os.kill(tool, signal.SIGKILL)
+        if monitor.poll() is None:
+            os.killpg(monitor.pid, signal.SIGKILL)
+            monitor.wait(timeout=10)
+        if monitor.stdout is not None:
+            monitor.stdout.close()
+
+
 # --- dying with an unprivileged monitor (issue 17, hole 9) ---------------------------------------
 
 # -q: a ping that prints nothing (as to a silent target) does not die of SIGPIPE when its
 # monitor's end of the output pipe goes; only the supervisor can end it.
 MONITOR_SCRIPT = """
 import asyncio
-from iepm.runner import run_command
+from iepm.runner import run_command, start_process, start_process_sync
 asyncio.run(run_command(["ping", "-n", "-q", "-i", "0.2", "-c", "3000", "127.0.0.1"], 600))
 """
 
