@@ -177,6 +177,10 @@ class _Guardian:
                     self._send(f"+{pgid}")
             return self._sock.fileno() if self._sock is not None else None
 
+    def started(self) -> bool:
+        """Whether this process has its guardian (fd() would not have to start one)."""
+        return self._sock is not None and self._owner_pid == os.getpid()
+
     @staticmethod
     def _gone(sock: socket.socket) -> bool:
         # The guardian never writes: readable means EOF (it died, e.g. someone killed it).
@@ -413,6 +417,8 @@ async def start_process(
 
     Raises ToolNotFound when ``argv[0]`` cannot be executed.
     """
+    if die_with_monitor and not _guardian.started():
+        await asyncio.to_thread(_guardian.fd)  # starting it takes a moment: not in the loop
     args, options = _prepare(argv, env, cwd, die_with_monitor)
     started_at, t0 = utcnow(), time.monotonic()
     try:
