@@ -264,5 +264,8 @@ def test_ssh_target_with_a_revoked_key_fails_within_the_deadline(
     assert not result.succeeded
     assert "refused this monitor's key" in (result.error or "")
     assert elapsed < 5 + 2  # within the step deadline: never a password prompt, never a hang
-    assert "Failed publickey" in sshd.log() or "Connection closed" in sshd.log()
+    # sshd writes its log line after the client has gone: wait for it (bounded).
+    assert wait_until(
+        lambda: "Failed publickey" in sshd.log() or "Connection closed" in sshd.log(), 10
+    ), sshd.log()
     assert not iperf3_pids(lab, "tssh")
