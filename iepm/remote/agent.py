@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import math
@@ -48,6 +47,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from iepm import __version__
+from iepm.errors import ToolNotFound
 from iepm.remote.facts import host_facts, tcp_buffer_defaults
 from iepm.remote.httpguard import (
     Gate,
@@ -71,26 +71,25 @@ from iepm.remote.protocol import (
 )
 from iepm.remote.servers import KINDS, Grant, Guard, ServerKind, buffer_excess, buffer_sizes
 from iepm.remote.trust import AgentConfig, MonitorEntry
-from iepm.runner import run_command, tool_version
+from iepm.runner import (
+    PIPE,
+    STDOUT,
+    Supervised,
+    run_command,
+    signal_group,
+    start_process,
+    tool_version,
+)
 from iepm.units import size_bytes
 
 log = logging.getLogger("iepm.agent")
 
 STATE_FILE = "state.json"
-KILL_GRACE_S = 1.0
 HOUR_S = 3600.0
 # Finished slots kept for GET/DELETE after the fact (idempotent release).
 RECENT_SLOTS = 64
 # Deadline of one look at the server's sockets (ss).
 SS_TIMEOUT_S = 3.0
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_agent() -> None:
-    """In the server before exec: if the agent is killed, so is the server (the state file
-    sweep at the next start is the second line of defence)."""
-    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -103,35 +102,19 @@ def process_start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-# The agent's child processes: started and killed by this one pair only, so that the project's
-# single supervisor (iepm.runner) can take them over in one place.
+# The agent's servers are started and stopped by the project's one supervisor (iepm.runner):
+# own process group, dying with the agent (also when it runs unprivileged), TERM then KILL.
 
 
-async def spawn_server(argv: list[str], workdir: Path) -> asyncio.subprocess.Process:
-    """A server in its own process group (killed as a group), output on one pipe, dying with
-    the agent; nothing of the environment but PATH and the C locale."""
-    return await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+async def spawn_server(argv: list[str], workdir: Path) -> Supervised:
+    """A server with its output on one pipe and nothing of the environment but PATH."""
+    return await start_process(
+        argv,
+        stdout=PIPE,
+        stderr=STDOUT,
         cwd=workdir,
-        start_new_session=True,
-        preexec_fn=_die_with_agent,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )
-
-
-async def kill_server(process: asyncio.subprocess.Process) -> None:
-    """TERM the group, KILL it after KILL_GRACE_S; the wait itself has a deadline."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(process.wait(), KILL_GRACE_S)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(process.wait(), 5.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +137,7 @@ class Slot:
     guard: Guard
     port: int
     workdir: Path
-    process: asyncio.subprocess.Process
+    process: Supervised
     start_ticks: int | None
     granted_at: datetime
     deadline_mono: float
@@ -216,8 +199,7 @@ class Agent:
         for entry in state.get("servers", []):
             pid, ticks = entry.get("pid"), entry.get("start_ticks")
             if isinstance(pid, int) and ticks is not None and process_start_ticks(pid) == ticks:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
                 killed.append(pid)
                 log.warning("killed orphan server pid %d of slot %s", pid, entry.get("slot_id"))
         # Grants of the last hour survive a restart, so a restart does not reset the limits.
@@ -437,12 +419,9 @@ class Agent:
             argv = kind.argv(program, port, self.settings.server_bind, grant)
             try:
                 process = await spawn_server(argv, workdir)
-            except OSError as exc:
+            except (ToolNotFound, OSError) as exc:
                 shutil.rmtree(workdir, ignore_errors=True)
-                raise Refused(
-                    503,
-                    Refusal(error="failed", message=f"cannot start {argv[0]}: {exc.strerror}"),
-                ) from None
+                raise Refused(503, Refusal(error="failed", message=str(exc))) from None
             output = bytearray()
             if await self._wait_listening(kind, process, output):
                 now = time.monotonic()
@@ -461,7 +440,7 @@ class Agent:
                     expected_end_mono=now + grant.test_s + 2.0,
                     output=output,
                 )
-            await kill_server(process)
+            await process.stop()
             failures.append(f"port {port}: {output.decode(errors='replace').strip()[-200:]}")
             if b"in use" not in output:
                 break
@@ -475,8 +454,9 @@ class Agent:
         )
 
     async def _wait_listening(
-        self, kind: ServerKind, process: asyncio.subprocess.Process, output: bytearray
+        self, kind: ServerKind, server: Supervised, output: bytearray
     ) -> bool:
+        process = server.process
         assert process.stdout is not None
         deadline = time.monotonic() + self.settings.server_start_timeout_s
         while time.monotonic() < deadline:
@@ -509,8 +489,8 @@ class Agent:
     async def _watch(self, slot: Slot) -> None:
         """Hold the test to its grant as it runs; kill it at the deadline; free the slot then
         at the latest."""
-        assert slot.process.stdout is not None
-        stream = slot.process.stdout
+        stream = slot.process.process.stdout
+        assert stream is not None
 
         async def follow() -> None:
             while True:
@@ -534,7 +514,7 @@ class Agent:
             await asyncio.wait_for(follow(), max(0.0, slot.deadline_mono - time.monotonic()))
             if slot.cut_reason is None:
                 await asyncio.wait_for(
-                    slot.process.wait(), max(0.0, slot.deadline_mono - time.monotonic())
+                    slot.process.process.wait(), max(0.0, slot.deadline_mono - time.monotonic())
                 )
         except TimeoutError:
             if slot.cut_reason is None:
@@ -551,7 +531,7 @@ class Agent:
             return
         # The one-shot server is done: sweep its group and files, hold the slot for the release.
         slot.state = "finished"
-        await kill_server(slot.process)
+        await slot.process.stop()
         shutil.rmtree(slot.workdir, ignore_errors=True)
         self._save_state()
         await asyncio.sleep(max(0.0, slot.deadline_mono - time.monotonic()))
@@ -561,7 +541,7 @@ class Agent:
         if slot.state not in ("running", "finished"):
             return
         slot.state = how
-        await kill_server(slot.process)
+        await slot.process.stop()
         shutil.rmtree(slot.workdir, ignore_errors=True)
         slot.ended_at = datetime.now(UTC)
         if self.current is slot:
