@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from iepm.analysis.watch import AlertWatcher, alert_rules
 from iepm.cli import app
+from iepm.config import load_config_text
+from iepm.errors import ConfigError
 from iepm.probes import (
     PROBES,
     all_metrics,
@@ -175,3 +177,45 @@ def test_the_load_summary_reads_what_the_load_probe_writes(case: str) -> None:
     figures = [f"{data[k]:.2f}" for k in ("load_avg_1m", "load_avg_5m", "load_avg_15m")]
     assert line.startswith(f"load {' '.join(figures)}, {data['cpu_count']} CPUs @ ")
     assert f"cc {data['tcp_congestion_control']}" in line and " - " not in line
+
+
+TARGET = """\
+[[targets]]
+name = "cern-1"
+address = "198.18.3.2"
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            "[targets.pnig]\ncount = 3\n",
+            "targets.toml:4: targets[0].pnig: [targets.pnig] is neither a target setting nor a "
+            "probe's table (probes: iperf3, load, ping, traceroute)",
+        ),
+        ("ping = 3\n", "targets.toml:4: targets[0].ping: Input should be a valid dictionary"),
+        (
+            "[targets.probe_tables]\nping = {count = 3}\n",
+            "targets.toml:4: targets[0].probe_tables: [targets.probe_tables] is neither",
+        ),
+        ("[targets.ping]\ncount = 0\n", "targets.toml:5: targets[0].ping.count: Input should be"),
+    ],
+)
+def test_a_targets_tables_are_its_probes_and_nothing_else(extra: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(TARGET + extra, Path("targets.toml"))
+    assert str(caught.value).startswith(expected), str(caught.value)
+
+
+def test_a_probe_table_reaches_the_spec_and_is_not_shared() -> None:
+    config = load_config_text(
+        TARGET + "[targets.ping]\ncount = 3\n" + TARGET.replace("cern", "in2p3")
+    )
+    first, second = config.targets
+    assert first.params("ping") == {"count": 3} and second.params("ping") == {}
+    assert config.spec_for(first, "ping").count == 3  # type: ignore[attr-defined]
+    assert config.spec_for(second, "ping").count == 10  # type: ignore[attr-defined]
+    assert first.probes == ["ping", "traceroute", "iperf3"]
+    # A copy keeps its tables (a private attribute, not a field of the file).
+    assert first.model_copy().params("ping") == {"count": 3}
