@@ -27,7 +27,7 @@ from iepm.probes import (
     register,
     unregister,
 )
-from iepm.probes.base import CONTRACT, Metric
+from iepm.probes.base import CONTRACT, Metric, ProbeSpec
 from iepm.runner import RawRun
 from iepm.store.rollup import rollup_keys
 
@@ -46,7 +46,16 @@ def test_the_registry_refuses_an_incomplete_or_duplicate_probe() -> None:
     stray.NAME = "stray"
     with pytest.raises(ValueError, match=r"declares metrics of another probe: \['ping\.rtt_min"):
         register(stray)
-    assert "half" not in PROBES and "stray" not in PROBES and PROBES["ping"] is ping
+    mute = types.SimpleNamespace(**{name: getattr(ping, name) for name in CONTRACT})
+    mute.NAME, mute.METRICS = "mute", ()
+
+    class Spec(ProbeSpec):
+        count: int = 1
+
+    mute.Spec = Spec
+    with pytest.raises(ValueError, match=r"'mute': Spec fields without a description: \['count'\]"):
+        register(mute)
+    assert {"half", "stray", "mute"}.isdisjoint(PROBES) and PROBES["ping"] is ping
 
 
 def test_a_probe_registered_later_is_seen_by_every_helper() -> None:
