@@ -44,12 +44,14 @@ from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed
 from iepm.probes import load
 from iepm.probes.base import (
     Column,
+    Metric,
     ProbeContext,
     ProbeMeta,
     ProbeSpec,
     ServerNeed,
     execute,
     failed_result,
+    figure,
 )
 from iepm.results import Result
 from iepm.runner import RawRun
@@ -59,7 +61,31 @@ NAME = "iperf3"
 TOOL = "iperf3"
 # The server this probe needs on an agent or SSH target (a kind the agent declares).
 SERVER = "iperf3"
-META = ProbeMeta(scheduling="exclusive", version_argv=("iperf3", "--version"), server=SERVER)
+META = ProbeMeta(
+    scheduling="exclusive",
+    version_argv=("iperf3", "--version"),
+    server=SERVER,
+    default=True,
+)
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        NAME,
+        "throughput_bps",
+        "throughput (bit/s)",
+        "higher",
+        1.0,
+        "bits_per_second",
+        rollup=True,
+        # A change must be >= 15% of the throughput to reach people.
+        alert={"min_relative": 0.15},
+        forecast=True,
+        headline=True,
+    ),
+    Metric(NAME, "retransmits", "retransmits", "lower", rollup=True),
+    Metric(NAME, "mean_rtt_ms", "TCP RTT (ms)", "lower", 1e-3, "seconds"),
+    Metric(NAME, "window_bytes", "window (bytes)", "higher", 1.0, "bytes"),
+    Metric(NAME, "stream_count", "streams", "higher"),
+)
 DEFAULT_PORT = 5201
 
 COLUMNS = [
@@ -90,19 +116,42 @@ INTERRUPTED = "interrupt - the client has terminated"
 
 
 class Spec(ProbeSpec):
-    """One iperf3 client run. Field names are fixed: the CLI maps its options onto them."""
+    """One iperf3 client run. Field names are fixed (stored in params, tuned, targets.toml);
+    ``iepm probe iperf3`` takes its options from them."""
 
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
-    streams: int = Field(default=1, ge=1, le=128)
-    window: str | None = None
-    duration_s: float = Field(default=10.0, ge=1, le=3600)
-    omit_s: int = Field(default=0, ge=0, le=60)
-    congestion: str | None = None
-    reverse: bool = False
-    udp: bool = False
-    rate: str | None = None
-    connect_timeout_ms: int = Field(default=3000, ge=100, le=60000)
-    bind: str | None = None
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="server port (-p)")
+    streams: int = Field(default=1, ge=1, le=128, description="parallel streams (-P)")
+    window: str | None = Field(
+        default=None,
+        description="socket buffer (-w), bytes with K/M/G (binary), e.g. 256K, 4M; up to 512M",
+    )
+    duration_s: float = Field(
+        default=10.0,
+        ge=1,
+        le=3600,
+        description="whole seconds to transmit (-t)",
+        json_schema_extra={"cli": "duration"},
+    )
+    omit_s: int = Field(
+        default=0,
+        ge=0,
+        le=60,
+        description="seconds of slow start left out of the figures (-O)",
+        json_schema_extra={"cli": "omit"},
+    )
+    congestion: str | None = Field(
+        default=None, description="TCP congestion control (-C), e.g. cubic, bbr"
+    )
+    reverse: bool = Field(default=False, description="the server sends (-R)")
+    udp: bool = Field(default=False, description="UDP: jitter and loss (-u)")
+    rate: str | None = Field(
+        default=None,
+        description="UDP target bitrate (-b), bit/s with K/M/G, e.g. 100M (UDP default 1M)",
+    )
+    connect_timeout_ms: int = Field(
+        default=3000, ge=100, le=60000, description="control connection timeout (--connect-timeout)"
+    )
+    bind: str | None = Field(default=None, description="local address to send from (-B)")
 
     @field_validator("window")
     @classmethod
@@ -241,6 +290,23 @@ async def run(spec: Spec, ctx: ProbeContext) -> Result:
 
 # ---------------------------------------------------------------------------------------------
 # parse / check
+
+
+def summary(data: dict[str, Any]) -> str:
+    d = data
+    text = (
+        f"{mbps(d.get('throughput_bps'))} received, {mbps(d.get('sender_throughput_bps'))} "
+        f"sent, retransmits {d.get('retransmits', '-')}"
+    )
+    if d.get("mean_rtt_ms") is not None:
+        text += f", rtt {figure(d.get('mean_rtt_ms'))} ms"
+    if d.get("jitter_ms") is not None:
+        text += f", jitter {figure(d.get('jitter_ms'))} ms, loss {figure(d.get('loss_percent'))}%"
+    return text
+
+
+def mbps(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
 
 
 def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
