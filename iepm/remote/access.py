@@ -8,6 +8,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from iepm.remote.servers import IPERF3
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -69,7 +71,7 @@ class SshAccess(StrictModel):
 
     def program(self, kind: str, default: str) -> str:
         """The program of a server kind on the target (iperf3_path for iperf3's)."""
-        return self.iperf3_path if kind == "iperf3" else default
+        return self.iperf3_path if kind == IPERF3.name else default
 
     def setup_budget_s(self) -> float:
         """Longest a test can spend on SSH besides the tool itself: log in, start the server

@@ -416,7 +416,7 @@ class Agent:
         failures = []
         program = self.settings.program(kind.name)
         for port in self._candidate_ports():
-            argv = kind.argv(program, port, self.settings.server_bind, grant)
+            argv = kind.argv(program, port, self.settings.server_bind, grant.rate_bps)
             try:
                 process = await spawn_server(argv, workdir)
             except (ToolNotFound, OSError) as exc:

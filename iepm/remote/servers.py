@@ -56,7 +56,8 @@ class ServerKind:
     version_argv: tuple[str, ...]
     # A line of the server's output that says it accepts connections.
     ready: bytes
-    argv: Callable[[str, int, str | None, Grant], list[str]]
+    # (program, port, bind address, total rate limit in bit/s) → the one-shot server's argv.
+    argv: Callable[[str, int, str | None, int | None], list[str]]
     guard: Callable[[Grant], Guard]
 
 
@@ -70,14 +71,14 @@ IPERF3_START = re.compile(
 )
 
 
-def _iperf3_argv(program: str, port: int, bind: str | None, grant: Grant) -> list[str]:
+def _iperf3_argv(program: str, port: int, bind: str | None, rate_bps: int | None) -> list[str]:
     # -V: the server names each stream as it connects and the test's parameters as it starts.
     argv = [program, "-s", "-1", "-V", "-p", str(port), "--forceflush"]
     if bind is not None:
         argv += ["-B", bind]
-    if grant.rate_bps is not None:
+    if rate_bps is not None:
         # iperf3 ends a test whose average total rate exceeds this.
-        argv += ["--server-bitrate-limit", str(grant.rate_bps)]
+        argv += ["--server-bitrate-limit", str(rate_bps)]
     return argv
 
 
@@ -102,7 +103,8 @@ class Iperf3Guard:
             return f"the client runs {streams} streams, the slot granted {grant.streams}"
         udp = start["proto"].upper() == b"UDP"
         if udp != grant.udp:
-            return f"the client runs {'UDP' if udp else 'TCP'}, the slot granted the other"
+            ran, granted = ("UDP", "TCP") if udp else ("TCP", "UDP")
+            return f"the client runs {ran}, the slot granted {granted}"
         test_s = int(start["time"]) + int(start["omit"])
         if test_s > grant.test_s:
             return f"the client runs a {test_s} s test, the slot granted {grant.test_s} s"

@@ -32,7 +32,7 @@ import asyncssh
 from iepm.errors import RemoteError
 from iepm.remote.access import SshAccess
 from iepm.remote.netns import connect_in_netns
-from iepm.remote.servers import KINDS, Grant, ServerKind
+from iepm.remote.servers import KINDS, ServerKind
 
 log = logging.getLogger(__name__)
 
@@ -199,16 +199,8 @@ async def server(
     cleaned afterwards."""
     kind = _kind(kind_name)
     program = access.program(kind.name, kind.program)
-    # No agent holds an SSH test to a grant: the monitor's own spec is the only limit.
-    grant = Grant(
-        streams=128,
-        test_s=int(test_s),
-        udp=False,
-        window_bytes=0,
-        window_granted=False,
-        rate_bps=None,
-    )
-    argv = kind.argv(program, access.server_port, None, grant)
+    # No agent holds an SSH test to a grant: the monitor's own spec is its only limit.
+    argv = kind.argv(program, access.server_port, None, None)
     ready_text = kind.ready.decode()
     step = float(access.step_timeout_s)
     where = f"{access.user}@{address}"
