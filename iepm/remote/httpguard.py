@@ -31,12 +31,13 @@ from iepm.remote.trust import MonitorEntry
 log = logging.getLogger("iepm.agent")
 
 LOG_EVERY_S = 10.0
-# Listen backlog, which is also how many connections asyncio accepts in one go before their
-# protocols run (and the cap closes the extra ones): the fds in flight beyond the cap.
+# Listen backlog, which is also how many connections asyncio accepts in one go; a connection's
+# protocol runs (and the cap closes it) two loop turns after its accept, so up to three batches
+# are in flight beyond the cap.
 ACCEPT_BATCH = 64
-# Descriptors kept free beside the connections: two accept batches, the servers' pipes, ss,
-# the state and log files.
-FD_RESERVE = 2 * ACCEPT_BATCH + 32
+# Descriptors kept free beside the connections: those batches, the servers' pipes, ss, the
+# state and log files.
+FD_RESERVE = 3 * ACCEPT_BATCH + 32
 
 
 def refusal_response(status: int, refusal: Refusal) -> JSONResponse:

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from iepm.remote.httpguard import ACCEPT_BATCH, FD_RESERVE
+from iepm.remote.httpguard import FD_RESERVE
 from tests.remote.conftest import RunningAgent, running_agent, wait_until
 
 
@@ -132,7 +132,7 @@ def test_a_test_within_its_grant_runs_to_the_end(
 
 @pytest.fixture
 def loris_agent(tmp_path: Path) -> Iterator[RunningAgent]:
-    settings = {"request_timeout_s": 1.0, "max_connections": 32}
+    settings = {"request_timeout_s": 3.0, "max_connections": 32}
     with running_agent(tmp_path, settings=settings) as agent:
         yield agent
 
@@ -175,10 +175,12 @@ def test_incomplete_requests_time_out_and_connections_are_capped(loris_agent: Ru
     sockets = open_loris(loris_agent, 200)
     opened = time.monotonic()
     try:
-        # Never more open than max_connections, plus one accept batch being closed.
-        assert established(loris_agent) <= 32 + ACCEPT_BATCH
-        # Every one is closed: over the cap at once, the rest at their 1 s request deadline.
-        give_up = opened + 1.0 + 5.0
+        # Those over max_connections are closed as they come (a few accept batches may be in
+        # flight for a moment), well before the 3 s request deadline closes the rest.
+        assert wait_until(lambda: established(loris_agent) <= 32, 2.0, step_s=0.05)
+        assert time.monotonic() - opened < 3.0
+        # Every one is closed: over the cap at once, the rest at their request deadline.
+        give_up = opened + 3.0 + 5.0
         still_open = [s for s in sockets if not closed_by_peer(s, give_up - time.monotonic())]
         assert still_open == [], f"{len(still_open)} of 200 incomplete requests still open"
     finally:
@@ -195,7 +197,7 @@ def test_at_the_fd_limit_the_agent_stays_quiet_and_recovers(tmp_path: Path) -> N
     with running_agent(tmp_path, settings={"request_timeout_s": 1.0}, nofile=256) as agent:
         sockets = open_loris(agent, 300)
         try:
-            assert established(agent) <= 256 - FD_RESERVE + ACCEPT_BATCH
+            assert wait_until(lambda: established(agent) <= 256 - FD_RESERVE, 2.0, step_s=0.05)
             response = None
             deadline = time.monotonic() + 10
             while response is None and time.monotonic() < deadline:
