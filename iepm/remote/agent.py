@@ -52,7 +52,6 @@ from iepm.remote.facts import host_facts, tcp_buffer_defaults
 from iepm.remote.httpguard import (
     Gate,
     QuietAccept,
-    bearer_token,
     connection_cap,
     refusal_response,
     unauthorized,
@@ -590,14 +589,10 @@ def refusals(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def monitor_of(request: Request) -> MonitorEntry:
-    """The monitor the Gate authenticated (or, without the Gate, this request's token)."""
+    """The monitor the Gate authenticated from this request's token, before its body."""
     monitor: MonitorEntry | None = request.scope.get("state", {}).get("monitor")
-    if monitor is None:
-        agent: Agent = request.app.state.agent
-        token = bearer_token(request.headers.get("authorization"))
-        monitor = agent.config.authenticate(token)
-        if monitor is None:
-            raise Refused(401, unauthorized(token))
+    if monitor is None:  # a route the Gate treats as public cannot ask for a monitor
+        raise Refused(401, unauthorized(None))
     return monitor
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Literal
 
@@ -95,13 +94,6 @@ class Refusal(BaseModel):
     message: str
     limit: str | None = None
     retry_after_s: float | None = None
-
-    @field_validator("retry_after_s")
-    @classmethod
-    def _finite(cls, value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise ValueError("retry_after_s must be finite")
-        return value
 
 
 class Health(BaseModel):
