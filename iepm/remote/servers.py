@@ -169,7 +169,7 @@ def buffer_excess(
     for peer, rb, tb in sizes:
         if guard.carries_data(peer) and max(rb, tb) > allowed:
             return (
-                f"a socket uses a {max(rb, tb) // 2} byte window, the slot granted "
-                f"{grant.window_bytes} bytes"
+                f"a test stream uses a window of {max(rb, tb) // 2} bytes, the slot granted "
+                f"{grant.window_bytes}"
             )
     return None

@@ -85,15 +85,30 @@ def test_more_streams_than_granted_are_cut_before_data_flows(
     assert wait_until(lambda: loopback_agent.servers() == [], 5)
 
 
-def test_a_larger_window_than_granted_is_cut(loopback_agent: RunningAgent) -> None:
-    grant = post_slot(loopback_agent, {"duration_s": 3, "streams": 1, "window": "64K"})
+@pytest.mark.parametrize(
+    ("body", "args", "why"),
+    [
+        ({}, ["-w", "2M"], "window of 2097152 bytes, the slot granted 65536"),
+        ({}, ["-R", "-w", "2M"], "window of 2097152 bytes, the slot granted 65536"),
+        (
+            {"udp": True, "rate": "10M"},
+            ["-u", "-b", "10M", "-w", "2M"],
+            "window of 2097152 bytes, the slot granted 65536",
+        ),
+        ({}, ["-u", "-b", "10M", "-w", "64K"], "the client runs UDP, the slot granted TCP"),
+    ],
+)
+def test_a_larger_window_or_another_protocol_than_granted_is_cut(
+    loopback_agent: RunningAgent, body: dict[str, Any], args: list[str], why: str
+) -> None:
+    grant = post_slot(loopback_agent, {"duration_s": 3, "window": "64K", **body})
     try:
-        report, elapsed = iperf3_client(grant["port"], "-w", "2M")
+        report, elapsed = iperf3_client(grant["port"], *args)
         state = slot_state(loopback_agent, grant["slot_id"])
     finally:
         release(loopback_agent, grant["slot_id"])
     assert state["state"] == "cut", state
-    assert "window" in state["cut_reason"] and "65536" in state["cut_reason"]
+    assert why in state["cut_reason"]
     # The 3 s test did not run: cut within its first moments.
     assert "error" in report
     assert elapsed < 2.5
@@ -107,6 +122,8 @@ def test_a_larger_window_than_granted_is_cut(loopback_agent: RunningAgent) -> No
         ({"duration_s": 1, "streams": 1, "window": "64K"}, ["-R", "-w", "64K"]),
         # No window asked for: autotuning is what the grant allows.
         ({"duration_s": 1, "streams": 1}, []),
+        ({"duration_s": 1, "udp": True, "rate": "10M"}, ["-u", "-b", "10M"]),
+        ({"duration_s": 1, "udp": True, "rate": "10M", "window": "256K"}, ["-u", "-w", "256K"]),
     ],
 )
 def test_a_test_within_its_grant_runs_to_the_end(

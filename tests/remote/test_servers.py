@@ -74,7 +74,7 @@ def test_the_guard_names_what_exceeds_the_grant() -> None:
     assert buffer_excess(buffer_sizes(SS_OUTPUT), guard, guard.grant, DEFAULTS) is None
     big = SS_OUTPUT.replace("rb131072,t0,tb131072", "rb2097152,t0,tb2097152")
     assert buffer_excess(buffer_sizes(big), guard, guard.grant, DEFAULTS) == (
-        "a socket uses a 1048576 byte window, the slot granted 16384 bytes"
+        "a test stream uses a window of 1048576 bytes, the slot granted 16384"
     )
 
 
