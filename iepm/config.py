@@ -14,15 +14,29 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from iepm.errors import ConfigError
-from iepm.probes import PROBES
+from iepm.probes import PROBES, default_probes
 from iepm.probes.base import ProbeSpec
+from iepm.remote.access import AgentAccess, SshAccess
 from iepm.tomlpos import format_loc, line_of
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-DEFAULT_PROBES = ("ping", "traceroute", "iperf3")
+
+
+def _known_probes() -> str:
+    return ", ".join(sorted(PROBES))
 
 
 class StrictModel(BaseModel):
@@ -62,94 +76,13 @@ class MonitorConfig(StrictModel):
         return self
 
 
-SSH_USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-
-
-class AgentAccess(StrictModel):
-    """How this monitor reaches a target's ``iepm agent``. The bearer token lives in
-    ``credential_file`` (one line, mode 0600), never in this file, logs or results."""
-
-    url: str
-    credential_file: str
-    # TLS: the agent's CA (verify the agent), and this monitor's own certificate (mutual TLS).
-    ca_file: str | None = None
-    client_cert: str | None = None
-    client_key: str | None = None
-    # How long to wait for the target's exclusive slot when another monitor holds it.
-    slot_wait_s: float = Field(default=10.0, ge=0.0, le=600.0)
-    request_timeout_s: float = Field(default=10.0, ge=0.5, le=120.0)
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        if not re.match(r"^https?://[A-Za-z0-9.\[\]:_-]+(:\d{1,5})?/?$", value):
-            raise ValueError(
-                f"agent url must be like http://host:8700 or https://host:8700 ({value!r})"
-            )
-        return value.rstrip("/")
-
-    def setup_budget_s(self) -> float:
-        """Longest a test can spend on the agent besides the tool itself: waiting for the slot,
-        then the request that opens it and the one that releases it."""
-        return self.slot_wait_s + 2 * self.request_timeout_s
-
-    @model_validator(mode="after")
-    def _cert_pair(self) -> AgentAccess:
-        if (self.client_cert is None) != (self.client_key is None):
-            raise ValueError("client_cert and client_key go together (mutual TLS)")
-        return self
-
-
-class SshAccess(StrictModel):
-    """Agentless: log in with a key (never a password), start the server for one test, kill it."""
-
-    user: str
-    key_file: str
-    port: int = Field(default=22, ge=1, le=65535)
-    # Host keys are always checked; `iepm target add --mode ssh` shows how to fill this file.
-    known_hosts: str = "~/.ssh/known_hosts"
-    # Deadline of each step (connect + authenticate, each remote command).
-    step_timeout_s: float = Field(default=10.0, ge=1.0, le=120.0)
-    # Port the iperf3 server is started on at the target.
-    server_port: int = Field(default=5201, ge=1, le=65535)
-    iperf3_path: str = "iperf3"
-    # Directory on the target for the test's files (a fresh one per test, removed after it).
-    work_dir: str = "/tmp"
-
-    def setup_budget_s(self) -> float:
-        """Longest a test can spend on SSH besides the tool itself: log in, start the server
-        and see it ready, stop it, close (one step deadline each, 2 s to close)."""
-        return 4 * self.step_timeout_s + 2
-
-    @field_validator("work_dir")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/") or "\n" in value or "\0" in value:
-            raise ValueError(f"work_dir must be an absolute path on the target ({value!r})")
-        return value
-
-    @field_validator("user")
-    @classmethod
-    def _user(cls, value: str) -> str:
-        if not SSH_USER_RE.match(value):
-            raise ValueError(f"not a POSIX user name: {value!r}")
-        return value
-
-    @field_validator("iperf3_path")
-    @classmethod
-    def _program(cls, value: str) -> str:
-        # It is sent as one word of a remote command line: no spaces or shell characters.
-        if not re.match(r"^[A-Za-z0-9_./+-]+$", value):
-            raise ValueError(f"iperf3_path may hold only letters, digits and _./+- ({value!r})")
-        return value
-
-
 class TargetConfig(StrictModel):
     name: str
     address: str
     site: str | None = None
     group: str | None = None
-    probes: list[str] = Field(default_factory=lambda: list(DEFAULT_PROBES))
+    # Default: the probes whose META says default (ping, traceroute, iperf3).
+    probes: list[str] = Field(default_factory=lambda: list(default_probes()))
     # If ping is expected to work and fails, heavy probes are skipped (the seeds' sanity rule).
     ping_expected: bool = True
     # plain: a public iperf3 -s / ping endpoint; agent: the target runs `iepm agent`;
@@ -159,11 +92,32 @@ class TargetConfig(StrictModel):
     ssh: SshAccess | None = None
     # Use the parameters `iepm tune` stored for this path (a target's own settings still win).
     use_tuned: bool = True
-    # Per-probe parameters, e.g. [targets.iperf3] streams = 4; validated against each Spec.
-    ping: dict[str, Any] = Field(default_factory=dict)
-    traceroute: dict[str, Any] = Field(default_factory=dict)
-    iperf3: dict[str, Any] = Field(default_factory=dict)
-    load: dict[str, Any] = Field(default_factory=dict)
+    # Per-probe parameters, e.g. [targets.iperf3] streams = 4: a table named after any
+    # registered probe (read with params()), validated against its Spec by load_config.
+    _probe_tables: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _gather_probe_tables(
+        cls, data: Any, handler: ModelWrapValidatorHandler[TargetConfig]
+    ) -> TargetConfig:
+        tables: dict[str, Any] = {}
+        if isinstance(data, dict):
+            tables = {k: v for k, v in data.items() if k in PROBES and k not in cls.model_fields}
+            data = {k: v for k, v in data.items() if k not in tables}
+        errors = [
+            InitErrorDetails(type="dict_type", loc=(name,), input=table)
+            for name, table in tables.items()
+            if not isinstance(table, dict)
+        ]
+        try:
+            target = handler(data)
+        except ValidationError as exc:
+            errors += [_name_the_table(e) for e in exc.errors()]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        target._probe_tables = tables
+        return target
 
     @field_validator("name")
     @classmethod
@@ -197,6 +151,10 @@ class TargetConfig(StrictModel):
                 raise ValueError(f"[targets.{mode}] is given but mode = {self.mode!r}")
         return self
 
+    def params(self, probe: str) -> dict[str, Any]:
+        """This target's own parameters of ``probe`` (its ``[targets.<probe>]`` table)."""
+        return self._probe_tables.get(probe, {})
+
     def remote(self) -> AgentAccess | SshAccess | None:
         """How servers are started on this target for a test (None: a plain endpoint)."""
         return self.agent if self.mode == "agent" else self.ssh if self.mode == "ssh" else None
@@ -206,10 +164,24 @@ class TargetConfig(StrictModel):
     def _probes_are_known(cls, value: list[str]) -> list[str]:
         for name in value:
             if name not in PROBES:
-                raise ValueError(f"unknown probe {name!r} (known: {', '.join(sorted(PROBES))})")
+                raise ValueError(f"unknown probe {name!r} (known: {_known_probes()})")
         if len(set(value)) != len(value):
             raise ValueError("a probe is listed twice")
         return value
+
+
+def _name_the_table(error: Any) -> Any:
+    """A table of a target that is neither a setting nor a registered probe: say so (an
+    unknown plain key keeps pydantic's own "extra_forbidden", worded by _describe)."""
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden" and loc and isinstance(error.get("input"), dict):
+        message = (
+            f"[targets.{loc[-1]}] is neither a target setting nor a probe's table "
+            f"(probes: {_known_probes()})"
+        )
+        custom = PydanticCustomError("unknown_table", message.replace("{", "{{"))
+        return InitErrorDetails(type=custom, loc=loc, input=error["input"])
+    return error
 
 
 class Config(StrictModel):
@@ -222,7 +194,7 @@ class Config(StrictModel):
     def _defaults_name_probes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name in value:
             if name not in PROBES:
-                raise ValueError(f"unknown probe {name!r} (known: {', '.join(sorted(PROBES))})")
+                raise ValueError(f"unknown probe {name!r} (known: {_known_probes()})")
         return value
 
     @model_validator(mode="after")
@@ -248,7 +220,7 @@ class Config(StrictModel):
     ) -> ProbeSpec:
         """The validated spec of one probe for one target: defaults, then ``tuned`` (what a
         study chose for the path), then the target's own settings."""
-        merged = {**self.defaults.get(probe, {}), **(tuned or {}), **getattr(target, probe)}
+        merged = {**self.defaults.get(probe, {}), **(tuned or {}), **target.params(probe)}
         spec: ProbeSpec = PROBES[probe].Spec.model_validate(merged)
         return spec
 
@@ -300,7 +272,7 @@ def load_config_text(text: str, path: Path | None = None) -> Config:
             except ValidationError as exc:
                 for e in exc.errors():
                     field = e["loc"][0] if e["loc"] else None
-                    own = field in getattr(target, probe) or field is None
+                    own = field in target.params(probe) or field is None
                     loc = (
                         ("targets", index, probe, *e["loc"])
                         if own

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,9 +31,10 @@ import typer
 from rich.console import Console
 
 from iepm.config import Config, load_config_text
-from iepm.errors import IepmError, LabError, ToolNotFound
+from iepm.console import summary
+from iepm.errors import IepmError, LabError
 from iepm.results import Result
-from iepm.runner import run_command
+from iepm.runner import DEVNULL, start_process_sync
 
 if TYPE_CHECKING:  # imported when the demo runs: the archive and scheduler pull in SQLAlchemy
     from iepm.scheduler import CycleReport, Scheduler
@@ -107,33 +106,17 @@ def demo_config(
 # -- iperf3 servers ----------------------------------------------------------------------------
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """TERM, then KILL, the server's whole process group (it was started in its own session)."""
-    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait_s)
-
-
 @contextlib.contextmanager
 def loopback_server(host: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """An ``iperf3 -s`` bound to host:port, killed (with its group) on exit."""
-    if shutil.which("iperf3") is None:
-        raise ToolNotFound("iperf3 is not installed (Debian: apt-get install iperf3)")
-    proc = subprocess.Popen(
-        ["iperf3", "-s", "-B", host, "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    """An ``iperf3 -s`` bound to host:port, stopped (with its group) on exit."""
+    server = start_process_sync(
+        ["iperf3", "-s", "-B", host, "-p", str(port)], stdout=DEVNULL, stderr=DEVNULL
     )
     try:
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise IepmError(f"iperf3 server on {host}:{port} exited ({proc.returncode})")
+            if server.popen.poll() is not None:
+                raise IepmError(f"iperf3 server on {host}:{port} exited ({server.returncode})")
             with socket.socket() as sock:
                 sock.settimeout(0.2)
                 if sock.connect_ex((host, port)) == 0:
@@ -141,16 +124,9 @@ def loopback_server(host: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
             time.sleep(0.05)
         else:
             raise IepmError(f"iperf3 server on {host}:{port} did not start in {SERVER_START_S} s")
-        yield proc
+        yield server.popen
     finally:
-        _stop(proc)
-
-
-def _listening_in(netns: str, port: int) -> bool:
-    run = asyncio.run(
-        run_command(["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"], 5.0)
-    )
-    return bool(run.stdout.strip())
+        server.stop()
 
 
 # -- the demo ---------------------------------------------------------------------------------
@@ -224,7 +200,7 @@ class Demo:
             deadline = time.monotonic() + SERVER_START_S
             waiting = list(sites)
             while waiting and time.monotonic() < deadline:
-                waiting = [s for s in waiting if not _listening_in(lab.netns(s), IPERF3_PORT)]
+                waiting = [s for s in waiting if not lab.listening(s, IPERF3_PORT)]
                 if waiting:
                     time.sleep(0.1)
             if waiting:
@@ -359,16 +335,10 @@ def run_demo(
 
 
 def _headline(result: Result) -> str:
+    """The run's line in the demo: why it failed, or its probe's own summary."""
     if not result.succeeded:
         return (result.error or "")[:70]
-    d = result.data
-    if result.probe == "ping":
-        return f"rtt {d.get('rtt_avg_ms')} ms, loss {d.get('loss_percent')} %"
-    if result.probe == "iperf3" and isinstance(d.get("throughput_bps"), int | float):
-        return f"{d['throughput_bps'] / 1e6:.1f} Mbit/s"
-    if result.probe == "traceroute":
-        return f"{d.get('hop_count')} hops, reached={d.get('reached')}"
-    return ""
+    return summary(result)
 
 
 def demo_command(

@@ -40,9 +40,10 @@ from iepm.analysis.adaptive import cadence_for
 from iepm.analysis.watch import AlertWatcher, watcher_for
 from iepm.config import Config, TargetConfig
 from iepm.errors import StoreError
-from iepm.probes import PROBES
+from iepm.probes import PROBES, gating_probes
 from iepm.probes.base import ProbeContext, ProbeSpec, failed_result, skipped_result
 from iepm.rawlog import RawLog
+from iepm.remote.lease import server_source
 from iepm.results import Outcome, Result, utcnow
 from iepm.store import Archive, Cycle
 from iepm.tuned import load_tuned
@@ -204,7 +205,7 @@ class Scheduler:
             monitor=self.config.monitor.name,
             raw_log=self.raw_log,
             netns=self.config.monitor.netns,
-            remote=target.remote(),
+            servers=server_source(target.remote()),
         )
 
     def _spec(self, target: TargetConfig, probe: str) -> ProbeSpec:
@@ -248,11 +249,12 @@ class Scheduler:
         exclusive = [m for m in modules if m.META.scheduling == "exclusive"]
         results = list(await asyncio.gather(*(self._run_probe(m, target) for m in background)))
         skip_reason = None
-        ping = next((r for r in results if r.probe == "ping"), None)
-        if target.ping_expected and ping is not None and not ping.succeeded:
+        gates = gating_probes()
+        gate = next((r for r in results if r.probe in gates and not r.succeeded), None)
+        if target.ping_expected and gate is not None:
             skip_reason = (
-                f"skipped because ping to {target.name} ({target.address}) failed and "
-                f"ping_expected=true: {ping.error}"
+                f"skipped because {gate.probe} to {target.name} ({target.address}) failed and "
+                f"ping_expected=true: {gate.error}"
             )
         for module in exclusive:
             if skip_reason:

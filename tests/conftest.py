@@ -6,6 +6,7 @@ Tests marked ``lab`` need root (network namespaces, TUN devices); they are skipp
 
 from __future__ import annotations
 
+import os
 import signal
 import tempfile
 import uuid
@@ -13,11 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from iepm.lab.testing import LabFactory, lab_unavailable, sweep_stale_labs
 
 # pg_server is a session fixture: importing it makes it available to every test directory.
 from tests.pg import PgServer, pg_server  # noqa: F401
+
+# Property tests draw the same examples on every run (seeded from each test's source), so a
+# failure replays; HYPOTHESIS_PROFILE=explore draws new examples.
+settings.register_profile("replay", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

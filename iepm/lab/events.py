@@ -22,9 +22,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from iepm.errors import LabError
 from iepm.lab.lab import Lab
 from iepm.lab.topology import EventSpec, TrafficSpec
-from iepm.runner import run_command
+from iepm.runner import DEVNULL, run_command, start_process
 
 MIN_SEGMENT_REAL_S = 2.0  # shorter iperf3 runs spend most of their time in slow start
 MAX_SEGMENT_REAL_S = 3600.0  # iperf3 caps -t at one day; constant flows are re-run hourly
@@ -110,14 +111,13 @@ class Conductor:
         server_argv = lab.command(
             flow.dst, ["iperf3", "-s", "-p", str(port), "-B", lab.address(flow.dst)]
         )
-        server = await asyncio.create_subprocess_exec(
-            *server_argv,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        server = await start_process(server_argv, stdout=DEVNULL, stderr=DEVNULL)
         try:
-            await asyncio.sleep(0.3)  # let the server listen before the first client
+            try:  # the first client must find the server listening
+                await asyncio.to_thread(lab.wait_listening, flow.dst, port)
+            except LabError as exc:  # this flow is lost; the events and other flows go on
+                self._log({"traffic": name, "error": str(exc)})
+                return
             compression = lab.topology.lab.time_compression
             for start, end, rate in segments(flow, compression):
                 await self._sleep_until_lab(start)
@@ -129,10 +129,7 @@ class Conductor:
                 self._log({"traffic": name, "lab_s": start, "real_s": real_s, "rate_mbit": rate})
                 await run_command(argv, real_s, kill_grace_s=1.0)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                server.kill()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait(), 5.0)
+            await server.stop()
 
     async def run(self) -> None:
         topo = self.lab.topology

@@ -48,10 +48,12 @@ from iepm.lab.topology import (
     plan,
     validate,
 )
-from iepm.runner import RawRun, run_command
+from iepm.runner import GRACE_S, RawRun, run_command
 
 DEFAULT_STATE_DIR = Path("/run/iepm-lab")
 READY_TIMEOUT_S = 30.0  # many links start at once on a loaded 2-core box
+LISTEN_TIMEOUT_S = 30.0  # a server starting in a namespace on a loaded 2-core box
+IPERF3_PORT = 5201
 TUN_QUEUE_LEN = 10_000  # packets the kernel may queue for a delay line that is momentarily busy
 DIR_KEYS = {"both": "both", "a_to_b": "ab", "b_to_a": "ba"}
 
@@ -451,18 +453,37 @@ class Lab:
         It is recorded in the state file, so ``down`` stops it even if the caller crashes.
         Stop it earlier with :meth:`stop`.
         """
-        proc, rec = nx.spawn(self.command(node, argv), role="user", log=log, node=node)
+        # Unlike the lab's own helpers it also dies with this process (a test, the demo).
+        proc, rec = nx.spawn(
+            self.command(node, argv), role="user", log=log, node=node, die_with_monitor=True
+        )
         with _locked(self.state_dir, self.name):
             self._record(rec)
         return proc
 
-    def stop(self, proc: subprocess.Popen[bytes], grace_s: float = 2.0) -> int | None:
+    def stop(self, proc: subprocess.Popen[bytes], grace_s: float = GRACE_S) -> int | None:
         """Stop a process started with :meth:`popen` (its whole group) and return its status."""
         rec = nx.ProcRecord("user", proc.pid, nx.start_time(proc.pid), [])
         nx.terminate([rec], grace_s)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)
         return proc.returncode
+
+    def listening(self, node: str, port: int) -> bool:
+        """Whether a TCP socket listens on ``port`` inside ``node`` (``ss``, no connection made:
+        a one-shot ``iperf3 -s -1`` would take a probe connection for its test)."""
+        res = nx.run(self.command(node, ["ss", "-Hltn", f"sport = :{port}"]), check=False)
+        return bool(res.stdout.strip())
+
+    def wait_listening(
+        self, node: str, port: int = IPERF3_PORT, timeout_s: float = LISTEN_TIMEOUT_S
+    ) -> None:
+        """Wait until a server in ``node`` listens on ``port``; LabError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.listening(node, port):
+            if time.monotonic() > deadline:
+                raise LabError(f"nothing listens on port {port} in {node} after {timeout_s:g} s")
+            time.sleep(0.05)
 
     # --- links, routes, events ------------------------------------------------------------------
 

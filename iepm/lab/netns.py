@@ -1,8 +1,8 @@
 """Namespaces, `ip` commands and process bookkeeping for the lab (synchronous).
 
-Same discipline as :mod:`iepm.runner`: argv lists only, every command in its own process group
-with a deadline, the group swept with SIGKILL afterwards. The lab builder is synchronous (it is
-called from the CLI, from pytest fixtures and from threads), so it cannot use the async runner.
+Processes start and stop through :mod:`iepm.runner`'s supervisor (its synchronous half: the lab
+builder is called from the CLI, from pytest fixtures and from threads): argv lists only, every
+command in its own process group with a deadline, the group swept with SIGKILL afterwards.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iepm.errors import LabError
+from iepm.errors import LabError, ToolNotFound
+from iepm.runner import GRACE_S, SyncSupervised, start_process_sync, stop_groups
 
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
@@ -52,11 +53,6 @@ def require_privileges() -> None:
         raise LabError("the `ip` command is missing: apt-get install iproute2")
 
 
-def _kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 def run(
     argv: Sequence[str],
     *,
@@ -65,31 +61,28 @@ def run(
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Run a short command with a deadline; LabError when it fails or overruns (if ``check``)."""
-    argv = [str(a) for a in argv]
+    tool = _start(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise LabError(f"{argv[0]}: cannot execute: {exc.strerror}") from exc
-    try:
-        out, err = proc.communicate(stdin, timeout=timeout_s)
+        out, err = tool.popen.communicate(stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=5.0)
-        raise LabError(f"`{shlex.join(argv)}` did not finish within {timeout_s:g} s") from None
+        tool.stop(grace_s=0.0)
+        with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
+            tool.popen.communicate(timeout=5.0)
+        raise LabError(f"`{shlex.join(tool.argv)}` did not finish within {timeout_s:g} s") from None
     finally:
-        _kill_group(proc.pid)  # no forked helper outlives the command
-    if check and proc.returncode != 0:
+        tool.sweep()  # no forked helper outlives the command
+    if check and tool.returncode != 0:
         detail = (err or out).strip()
-        raise LabError(f"`{shlex.join(argv)}` failed (exit {proc.returncode}): {detail}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        raise LabError(f"`{shlex.join(tool.argv)}` failed (exit {tool.returncode}): {detail}")
+    return subprocess.CompletedProcess(list(tool.argv), tool.popen.returncode, out, err)
+
+
+def _start(argv: Sequence[str], **kwargs: Any) -> SyncSupervised:
+    """The runner's supervisor, with the lab's error type."""
+    try:
+        return start_process_sync(argv, text=True, **kwargs)
+    except ToolNotFound as exc:
+        raise LabError(str(exc)) from exc
 
 
 def ip_batch(netns: str | None, commands: Iterable[str]) -> None:
@@ -125,24 +118,25 @@ def route_dev(netns: str, address: str) -> str | None:
 # --- processes ----------------------------------------------------------------------------------
 
 
-def start_time(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (clock ticks since boot), to tell a reused PID apart."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after "pid (comm)" (field 3 of stat is index 0 here)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])  # field 22 of stat, counted after "pid (comm)"
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (clock ticks since boot), to tell a reused PID apart."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None  # field 22 of stat
 
 
 def cpu_ticks(pid: int) -> int | None:
     """utime + stime of ``pid`` in clock ticks."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
+    fields = _stat_fields(pid)
+    return int(fields[11]) + int(fields[12]) if fields else None
 
 
 @dataclass
@@ -157,15 +151,14 @@ class ProcRecord:
     link: str | None = None
 
     def alive(self) -> bool:
-        if self.start is None:
-            return False
-        st = start_time(self.pid)
-        if st != self.start:
-            return False
-        with contextlib.suppress(OSError):
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            return state != "Z"
-        return False
+        fields = _stat_fields(self.pid)
+        # The same process (start time), and running (not a zombie waiting to be reaped).
+        return (
+            self.start is not None
+            and fields is not None
+            and int(fields[19]) == self.start
+            and fields[0] != "Z"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -183,54 +176,37 @@ class ProcRecord:
 
 
 def spawn(
-    argv: Sequence[str], *, role: str, log: Path | None = None, **where: str | None
+    argv: Sequence[str],
+    *,
+    role: str,
+    log: Path | None = None,
+    die_with_monitor: bool = False,
+    **where: str | None,
 ) -> tuple[subprocess.Popen[bytes], ProcRecord]:
-    """Start a long-lived helper in its own process group, output to ``log``."""
-    argv = [str(a) for a in argv]
+    """Start a long-lived helper in its own process group, output to ``log``.
+
+    By default it outlives this process (the delay lines outlive ``iepm lab up``): the state
+    file's record is what stops it. ``die_with_monitor`` also ends it with this process.
+    """
     sink = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
+        tool = start_process_sync(
+            argv, stdout=sink, stderr=subprocess.STDOUT, die_with_monitor=die_with_monitor
         )
-    except OSError as exc:
-        raise LabError(f"{argv[0]}: cannot execute: {exc.strerror}") from exc
+    except ToolNotFound as exc:
+        raise LabError(str(exc)) from exc
     finally:
         if log is not None and not isinstance(sink, int):
             sink.close()
-    return proc, ProcRecord(role, proc.pid, start_time(proc.pid), argv, **where)
+    proc: subprocess.Popen[bytes] = tool.popen
+    return proc, ProcRecord(role, proc.pid, start_time(proc.pid), list(tool.argv), **where)
 
 
-def terminate(records: Iterable[ProcRecord], grace_s: float = 2.0) -> list[ProcRecord]:
+def terminate(records: Iterable[ProcRecord], grace_s: float = GRACE_S) -> list[ProcRecord]:
     """TERM each live recorded process group, KILL what remains; returns the survivors."""
-    live = [r for r in records if r.alive()]
-    for rec in live:
-        _kill_group(rec.pid, signal.SIGTERM)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(rec.pid, signal.SIGTERM)  # not a group leader if someone setsid'ed it
-    _wait_gone(live, grace_s)
-    for rec in live:
-        if rec.alive():
-            _kill_group(rec.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rec.pid, signal.SIGKILL)
-    _wait_gone(live, 5.0)
-    return [r for r in live if r.alive()]
-
-
-def _wait_gone(records: list[ProcRecord], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for rec in records:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(rec.pid, os.WNOHANG)  # reap our own children
-        if not any(r.alive() for r in records):
-            return
-        time.sleep(0.02)
+    by_pid = {rec.pid: rec for rec in records}
+    left = stop_groups(by_pid, lambda pid: by_pid[pid].alive(), grace_s)
+    return [by_pid[pid] for pid in left]
 
 
 def kill_pids(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
@@ -253,7 +229,5 @@ def kill_pids(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] == "Z"

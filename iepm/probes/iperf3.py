@@ -35,7 +35,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from pydantic import Field, field_validator, model_validator
@@ -44,18 +44,48 @@ from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed
 from iepm.probes import load
 from iepm.probes.base import (
     Column,
+    Metric,
     ProbeContext,
     ProbeMeta,
     ProbeSpec,
+    ServerNeed,
     execute,
     failed_result,
+    figure,
 )
 from iepm.results import Result
 from iepm.runner import RawRun
+from iepm.units import size_bytes
 
 NAME = "iperf3"
 TOOL = "iperf3"
-META = ProbeMeta(scheduling="exclusive", version_argv=("iperf3", "--version"))
+# The server this probe needs on an agent or SSH target (a kind the agent declares).
+SERVER = "iperf3"
+META = ProbeMeta(
+    scheduling="exclusive",
+    version_argv=("iperf3", "--version"),
+    server=SERVER,
+    default=True,
+)
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        NAME,
+        "throughput_bps",
+        "throughput (bit/s)",
+        "higher",
+        1.0,
+        "bits_per_second",
+        rollup=True,
+        # A change must be >= 15% of the throughput to reach people.
+        alert={"min_relative": 0.15},
+        forecast=True,
+        headline=True,
+    ),
+    Metric(NAME, "retransmits", "retransmits", "lower", rollup=True),
+    Metric(NAME, "mean_rtt_ms", "TCP RTT (ms)", "lower", 1e-3, "seconds"),
+    Metric(NAME, "window_bytes", "window (bytes)", "higher", 1.0, "bytes"),
+    Metric(NAME, "stream_count", "streams", "higher"),
+)
 DEFAULT_PORT = 5201
 
 COLUMNS = [
@@ -78,8 +108,6 @@ COLUMNS = [
     Column("loss_percent", "UDP datagrams lost, percent"),
 ]
 
-# iperf3 parses -w with unit_atoi (K = 1024) and -b with unit_atof_rate (K = 1000).
-SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGkmg]?)$")
 # Linux TCP_CA_NAME_MAX is 16 including the NUL.
 CONGESTION_RE = re.compile(r"^[a-z][a-z0-9_]{0,14}$")
 MAX_WINDOW_BYTES = 512 * 1024 * 1024  # iperf3's MAX_TCP_BUFFER
@@ -87,29 +115,43 @@ EXTRA_DATA_MHZ_RE = re.compile(r"(?:^|\s)cpu_mhz=(\d+(?:\.\d+)?)(?:\s|$)")
 INTERRUPTED = "interrupt - the client has terminated"
 
 
-def size_bytes(text: str, *, base: int) -> int:
-    """``256K`` → 262144 (base 1024) or 256000 (base 1000); ValueError when malformed."""
-    match = SIZE_RE.match(text.strip())
-    if not match:
-        raise ValueError(text)
-    scale = {"": 1, "k": base, "m": base**2, "g": base**3}[match.group(2).lower()]
-    return int(float(match.group(1)) * scale)
-
-
 class Spec(ProbeSpec):
-    """One iperf3 client run. Field names are fixed: the CLI maps its options onto them."""
+    """One iperf3 client run. Field names are fixed (stored in params, tuned, targets.toml);
+    ``iepm probe iperf3`` takes its options from them."""
 
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
-    streams: int = Field(default=1, ge=1, le=128)
-    window: str | None = None
-    duration_s: float = Field(default=10.0, ge=1, le=3600)
-    omit_s: int = Field(default=0, ge=0, le=60)
-    congestion: str | None = None
-    reverse: bool = False
-    udp: bool = False
-    rate: str | None = None
-    connect_timeout_ms: int = Field(default=3000, ge=100, le=60000)
-    bind: str | None = None
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="server port (-p)")
+    streams: int = Field(default=1, ge=1, le=128, description="parallel streams (-P)")
+    window: str | None = Field(
+        default=None,
+        description="socket buffer (-w), bytes with K/M/G (binary), e.g. 256K, 4M; up to 512M",
+    )
+    duration_s: float = Field(
+        default=10.0,
+        ge=1,
+        le=3600,
+        description="whole seconds to transmit (-t)",
+        json_schema_extra={"cli": "duration"},
+    )
+    omit_s: int = Field(
+        default=0,
+        ge=0,
+        le=60,
+        description="seconds of slow start left out of the figures (-O)",
+        json_schema_extra={"cli": "omit"},
+    )
+    congestion: str | None = Field(
+        default=None, description="TCP congestion control (-C), e.g. cubic, bbr"
+    )
+    reverse: bool = Field(default=False, description="the server sends (-R)")
+    udp: bool = Field(default=False, description="UDP: jitter and loss (-u)")
+    rate: str | None = Field(
+        default=None,
+        description="UDP target bitrate (-b), bit/s with K/M/G, e.g. 100M (UDP default 1M)",
+    )
+    connect_timeout_ms: int = Field(
+        default=3000, ge=100, le=60000, description="control connection timeout (--connect-timeout)"
+    )
+    bind: str | None = Field(default=None, description="local address to send from (-B)")
 
     @field_validator("window")
     @classmethod
@@ -223,24 +265,48 @@ def build_argv(spec: Spec, address: str, *, cpu_mhz: float | None = None) -> lis
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
     module = sys.modules[__name__]
-    if ctx.remote is None:
-        return await execute(module, spec, ctx)
     # Agent or SSH target: a one-shot server is started there for this run, on a port the
-    # target picks, and always stopped afterwards.
-    from iepm.remote.session import iperf3_server
-
+    # target picks, and always stopped afterwards; a plain endpoint's server is already there.
+    need = ServerNeed(
+        kind=SERVER,
+        duration_s=int(spec.duration_s),
+        omit_s=spec.omit_s,
+        streams=spec.streams,
+        window_bytes=spec.window_bytes,
+        rate_bps=spec.rate_bps,
+        udp=spec.udp,
+        reverse=spec.reverse,
+    )
     try:
-        async with iperf3_server(
-            ctx.remote, spec, target=ctx.target, address=ctx.address, netns=ctx.netns
-        ) as server:
-            result = await execute(module, spec.model_copy(update={"port": server.port}), ctx)
+        async with ctx.server(need) as lease:
+            used = spec if lease.port is None else spec.model_copy(update={"port": lease.port})
+            result = await execute(module, used, replace(ctx, address=lease.address))
     except (RemoteError, ConfigError) as exc:
         return failed_result(module, spec, ctx, str(exc))
-    return result.model_copy(update={"diags": f"{server.note}\n{result.diags}"})
+    if not lease.note:
+        return result
+    return result.model_copy(update={"diags": f"{lease.note}\n{result.diags}"})
 
 
 # ---------------------------------------------------------------------------------------------
 # parse / check
+
+
+def summary(data: dict[str, Any]) -> str:
+    d = data
+    text = (
+        f"{mbps(d.get('throughput_bps'))} received, {mbps(d.get('sender_throughput_bps'))} "
+        f"sent, retransmits {d.get('retransmits', '-')}"
+    )
+    if d.get("mean_rtt_ms") is not None:
+        text += f", rtt {figure(d.get('mean_rtt_ms'))} ms"
+    if d.get("jitter_ms") is not None:
+        text += f", jitter {figure(d.get('jitter_ms'))} ms, loss {figure(d.get('loss_percent'))}%"
+    return text
+
+
+def mbps(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
 
 
 def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:

@@ -28,13 +28,23 @@ from typing import Any
 from pydantic import Field
 
 from iepm.errors import ParseError, ToolFailed
-from iepm.probes.base import Column, ProbeContext, ProbeMeta, ProbeSpec, execute
+from iepm.probes.base import (
+    Column,
+    Metric,
+    ProbeContext,
+    ProbeMeta,
+    ProbeSpec,
+    execute,
+    figure,
+)
 from iepm.results import Result
 from iepm.runner import RawRun
 
 NAME = "load"
 TOOL = "procfs"
-META = ProbeMeta(scheduling="background", version_argv=None)
+META = ProbeMeta(scheduling="background", version_argv=None, local=True)
+# Host facts explain other probes' results (analysis.cause); none is plotted on its own.
+METRICS: tuple[Metric, ...] = ()
 
 LOADAVG = "/proc/loadavg"
 CPUINFO = "/proc/cpuinfo"
@@ -103,7 +113,13 @@ COLUMNS = [
 class Spec(ProbeSpec):
     """Nothing to tune but how long the snapshot may take (it is normally milliseconds)."""
 
-    timeout_s: float = Field(default=10.0, ge=1.0, le=60.0)
+    timeout_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=60.0,
+        description="seconds the snapshot may take",
+        json_schema_extra={"cli": "timeout"},
+    )
 
     def deadline_s(self) -> float:
         return self.timeout_s
@@ -210,6 +226,15 @@ def check(data: dict[str, Any], spec: Spec) -> str | None:
         reason = (data.get("unreadable") or {}).get(LOADAVG, "missing from the snapshot")
         return f"could not read the load average from {LOADAVG}: {reason}"
     return None
+
+
+def summary(data: dict[str, Any]) -> str:
+    d = data
+    load = [d.get("load_avg_1m"), d.get("load_avg_5m"), d.get("load_avg_15m")]
+    return (
+        f"load {' '.join(figure(x, '.2f') for x in load)}, {d.get('cpu_count', '-')} CPUs "
+        f"@ {figure(d.get('cpu_mhz'), '.0f')} MHz, cc {d.get('tcp_congestion_control', '-')}"
+    )
 
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:

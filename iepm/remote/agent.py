@@ -11,18 +11,23 @@ before the grant is answered; at start-up the agent kills recorded servers that 
 
 Nothing from a request reaches a shell: servers are started from an argv list, and the only
 request fields that reach it are validated numbers and sizes.
+
+The grant is enforced on what runs, not on what the monitor declared: the server kind's guard
+reads the server's output as streams connect and the test starts, and the agent compares the
+server's socket buffers (``ss -m``) with the granted window; a test beyond its grant is cut (its
+server killed) and the slot says why. Server kinds live in ``servers.py``; the HTTP front (token
+before body, size and time limits, strict JSON) in ``httpguard.py``; wire models in
+``protocol.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import math
 import os
-import platform
 import random
 import shutil
 import signal
@@ -34,35 +39,56 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from iepm import __version__
-from iepm.probes import load
-from iepm.probes.iperf3 import SIZE_RE, size_bytes
+from iepm.errors import ToolNotFound
+from iepm.remote.facts import host_facts, tcp_buffer_defaults
+from iepm.remote.httpguard import (
+    Gate,
+    QuietAccept,
+    connection_cap,
+    refusal_response,
+    unauthorized,
+    uvicorn_options,
+)
+from iepm.remote.protocol import (
+    SLOT_ID_PATTERN,
+    Facts,
+    Health,
+    Refusal,
+    SlotGrant,
+    SlotPhase,
+    SlotRequest,
+    SlotState,
+    Usage,
+)
+from iepm.remote.servers import KINDS, Grant, Guard, ServerKind, buffer_excess, buffer_sizes
 from iepm.remote.trust import AgentConfig, MonitorEntry
-from iepm.runner import run_command, tool_version
+from iepm.runner import (
+    PIPE,
+    STDOUT,
+    Supervised,
+    run_command,
+    signal_group,
+    start_process,
+    tool_version,
+)
+from iepm.units import size_bytes
 
 log = logging.getLogger("iepm.agent")
 
 STATE_FILE = "state.json"
-SLOT_ID_PATTERN = r"^[0-9a-f]{32}$"
-KILL_GRACE_S = 1.0
 HOUR_S = 3600.0
 # Finished slots kept for GET/DELETE after the fact (idempotent release).
 RECENT_SLOTS = 64
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_agent() -> None:
-    """In the server before exec: if the agent is killed, so is the server (the state file
-    sweep at the next start is the second line of defence)."""
-    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+# Deadline of one look at the server's sockets (ss).
+SS_TIMEOUT_S = 3.0
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -75,101 +101,19 @@ def process_start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-# ---------------------------------------------------------------------------------------------
-# API models
+# The agent's servers are started and stopped by the project's one supervisor (iepm.runner):
+# own process group, dying with the agent (also when it runs unprivileged), TERM then KILL.
 
 
-class SlotRequest(BaseModel):
-    """What the monitor will run against the server. Checked against its limits before anything
-    starts."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    probe: Literal["iperf3"] = "iperf3"
-    duration_s: int = Field(default=10, ge=1, le=3600)
-    omit_s: int = Field(default=0, ge=0, le=60)
-    streams: int = Field(default=1, ge=1, le=128)
-    window: str | None = Field(default=None, max_length=16)
-    udp: bool = False
-    rate: str | None = Field(default=None, max_length=16)
-    reverse: bool = False
-    # Free text the monitor attaches (its target name, say): stored, never executed.
-    label: str | None = Field(default=None, max_length=128)
-
-    @field_validator("window", "rate")
-    @classmethod
-    def _size(cls, value: str | None) -> str | None:
-        if value is not None and not SIZE_RE.match(value):
-            raise ValueError("must be a number with an optional K/M/G suffix, e.g. 256K or 100M")
-        return value
-
-
-class SlotGrant(BaseModel):
-    slot_id: str
-    probe: str
-    port: int
-    bind: str | None
-    monitor: str
-    label: str | None
-    granted_at: datetime
-    deadline_at: datetime
-    deadline_s: float
-    ready_ms: float
-
-
-class SlotState(BaseModel):
-    slot_id: str
-    monitor: str
-    port: int
-    # running: server up; finished: the test ended, the slot is held until released (so the
-    # next test cannot start before this monitor's client is done) or until its deadline.
-    state: Literal["running", "finished", "released", "killed_at_deadline", "expired"]
-    granted_at: datetime
-    ended_at: datetime | None
-    server_exit: int | None
-    server_output: str
-
-
-class Refusal(BaseModel):
-    error: Literal["unauthorized", "forbidden", "limit", "busy", "rate_limited", "failed"]
-    message: str
-    limit: str | None = None
-    retry_after_s: float | None = None
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-    agent: str
-    version: str
-
-
-class Facts(BaseModel):
-    agent: str
-    version: str
-    hostname: str
-    os: str | None
-    machine: str
-    kernel: str | None
-    cpu_count: int | None
-    cpu_mhz: float | None
-    cpu_model: str | None
-    memory_total_bytes: int | None
-    tcp_rmem_bytes: list[int] | None
-    tcp_wmem_bytes: list[int] | None
-    rmem_max_bytes: int | None
-    wmem_max_bytes: int | None
-    tcp_congestion_control: str | None
-    tcp_available_congestion_control: list[str] | None
-    nics: dict[str, dict[str, Any]]
-    tools: dict[str, str | None]
-
-
-class Usage(BaseModel):
-    monitor: str
-    busy: bool
-    retry_after_s: float | None
-    tests_last_hour: int
-    limits: dict[str, Any]
+async def spawn_server(argv: list[str], workdir: Path) -> Supervised:
+    """A server with its output on one pipe and nothing of the environment but PATH."""
+    return await start_process(
+        argv,
+        stdout=PIPE,
+        stderr=STDOUT,
+        cwd=workdir,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,15 +132,18 @@ class Slot:
     slot_id: str
     monitor: str
     request: SlotRequest
+    grant: Grant
+    guard: Guard
     port: int
     workdir: Path
-    process: asyncio.subprocess.Process
+    process: Supervised
     start_ticks: int | None
     granted_at: datetime
     deadline_mono: float
     expected_end_mono: float
-    state: str = "running"
+    state: SlotPhase = "running"
     ended_at: datetime | None = None
+    cut_reason: str | None = None
     output: bytearray = field(default_factory=bytearray)
     watcher: asyncio.Task[None] | None = None
 
@@ -205,11 +152,12 @@ class Slot:
             slot_id=self.slot_id,
             monitor=self.monitor,
             port=self.port,
-            state=self.state,  # type: ignore[arg-type]
+            state=self.state,
             granted_at=self.granted_at,
             ended_at=self.ended_at,
             server_exit=self.process.returncode,
             server_output=self.output[-4000:].decode("utf-8", errors="replace"),
+            cut_reason=self.cut_reason,
         )
 
 
@@ -223,6 +171,7 @@ class Agent:
         self.grants: dict[str, deque[float]] = {}
         self.lock = asyncio.Lock()
         self._facts: tuple[float, Facts] | None = None
+        self.buffer_defaults = tcp_buffer_defaults()
 
     # -- start-up / shutdown -------------------------------------------------------------------
 
@@ -249,8 +198,7 @@ class Agent:
         for entry in state.get("servers", []):
             pid, ticks = entry.get("pid"), entry.get("start_ticks")
             if isinstance(pid, int) and ticks is not None and process_start_ticks(pid) == ticks:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
                 killed.append(pid)
                 log.warning("killed orphan server pid %d of slot %s", pid, entry.get("slot_id"))
         # Grants of the last hour survive a restart, so a restart does not reset the limits.
@@ -292,32 +240,19 @@ class Agent:
     async def facts(self) -> Facts:
         if self._facts is not None and time.monotonic() - self._facts[0] < 60.0:
             return self._facts[1]
-        raw = await run_command(load.build_argv(load.Spec(), ""), 10.0)
-        data = load.parse(raw)
-        os_name = None
-        with contextlib.suppress(OSError):
-            for line in Path("/etc/os-release").read_text().splitlines():
-                if line.startswith("PRETTY_NAME="):
-                    os_name = line.split("=", 1)[1].strip().strip('"')
-        facts = Facts(
-            agent=self.settings.name,
-            version=__version__,
-            hostname=socket.gethostname(),
-            os=os_name,
-            machine=platform.machine(),
-            kernel=data.get("kernel_release"),
-            cpu_count=data.get("cpu_count"),
-            cpu_mhz=data.get("cpu_mhz"),
-            cpu_model=data.get("cpu_model"),
-            memory_total_bytes=data.get("memory_total_bytes"),
-            tcp_rmem_bytes=data.get("tcp_rmem_bytes"),
-            tcp_wmem_bytes=data.get("tcp_wmem_bytes"),
-            rmem_max_bytes=data.get("rmem_max_bytes"),
-            wmem_max_bytes=data.get("wmem_max_bytes"),
-            tcp_congestion_control=data.get("tcp_congestion_control"),
-            tcp_available_congestion_control=data.get("tcp_available_congestion_control"),
-            nics=data.get("nics") or {},
-            tools={"iperf3": await tool_version([self.settings.iperf3_path, "--version"])},
+        data = await asyncio.wait_for(asyncio.to_thread(host_facts), 10.0)
+        tools = {
+            kind.name: await tool_version([self.settings.program(kind.name), *kind.version_argv])
+            for kind in KINDS.values()
+        }
+        facts = Facts.model_validate(
+            {
+                **data,
+                "agent": self.settings.name,
+                "version": __version__,
+                "hostname": socket.gethostname(),
+                "tools": tools,
+            }
         )
         self._facts = (time.monotonic(), facts)
         return facts
@@ -338,12 +273,13 @@ class Agent:
         def refuse(limit: str, message: str) -> Refused:
             return Refused(403, Refusal(error="limit", limit=limit, message=message))
 
-        if req.probe not in monitor.probes:
+        if req.server not in monitor.probes:
+            known = "" if req.server in KINDS else f" (this agent serves {', '.join(KINDS)})"
             raise Refused(
                 403,
                 Refusal(
                     error="forbidden",
-                    message=f"monitor {monitor.name} may not run {req.probe} tests here",
+                    message=f"monitor {monitor.name} may not run {req.server} tests here{known}",
                 ),
             )
         test_s = req.duration_s + req.omit_s
@@ -395,6 +331,7 @@ class Agent:
             busy=self.current is not None,
             retry_after_s=self._retry_after(),
             tests_last_hour=len(self._recent_grants(monitor.name)),
+            servers=list(monitor.probes),
             limits=monitor.limits.model_dump(),
         )
 
@@ -434,7 +371,7 @@ class Agent:
             "slot %s granted to %s: %s on port %d for %d s (label %r)",
             slot.slot_id,
             monitor.name,
-            req.probe,
+            req.server,
             slot.port,
             req.duration_s,
             req.label,
@@ -442,7 +379,7 @@ class Agent:
         deadline_s = slot.deadline_mono - time.monotonic()
         return SlotGrant(
             slot_id=slot.slot_id,
-            probe=req.probe,
+            server=req.server,
             port=slot.port,
             bind=self.settings.server_bind,
             monitor=monitor.name,
@@ -453,15 +390,6 @@ class Agent:
             ready_ms=round(slot_ready_ms, 3),
         )
 
-    def _server_argv(self, monitor: MonitorEntry, port: int) -> list[str]:
-        argv = [self.settings.iperf3_path, "-s", "-1", "-p", str(port), "--forceflush"]
-        if self.settings.server_bind is not None:
-            argv += ["-B", self.settings.server_bind]
-        if monitor.limits.max_rate is not None:
-            # iperf3 ends a test whose average total rate exceeds this.
-            argv += ["--server-bitrate-limit", monitor.limits.max_rate]
-        return argv
-
     def _candidate_ports(self) -> list[int]:
         low, high = self.settings.server_ports
         ports = list(range(low, high + 1))
@@ -469,47 +397,49 @@ class Agent:
         return ports[:8]
 
     async def _start_server(self, monitor: MonitorEntry, req: SlotRequest) -> Slot:
+        kind = KINDS[req.server]
+        limits = monitor.limits
+        grant = Grant(
+            streams=req.streams,
+            test_s=req.duration_s + req.omit_s,
+            udp=req.udp,
+            window_bytes=(
+                size_bytes(req.window, base=1024) if req.window else limits.max_window_bytes
+            ),
+            window_granted=req.window is not None,
+            rate_bps=limits.max_rate_bps,
+        )
         slot_id = uuid.uuid4().hex
         workdir = self.work_root / slot_id
         workdir.mkdir(parents=True)
         failures = []
+        program = self.settings.program(kind.name)
         for port in self._candidate_ports():
-            argv = self._server_argv(monitor, port)
+            argv = kind.argv(program, port, self.settings.server_bind, grant.rate_bps)
             try:
-                process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    cwd=workdir,
-                    start_new_session=True,
-                    preexec_fn=_die_with_agent,
-                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
-                )
-            except OSError as exc:
+                process = await spawn_server(argv, workdir)
+            except (ToolNotFound, OSError) as exc:
                 shutil.rmtree(workdir, ignore_errors=True)
-                raise Refused(
-                    503,
-                    Refusal(error="failed", message=f"cannot start {argv[0]}: {exc.strerror}"),
-                ) from None
+                raise Refused(503, Refusal(error="failed", message=str(exc))) from None
             output = bytearray()
-            if await self._wait_listening(process, output):
+            if await self._wait_listening(kind, process, output):
                 now = time.monotonic()
-                test_s = req.duration_s + req.omit_s
                 return Slot(
                     slot_id=slot_id,
                     monitor=monitor.name,
                     request=req,
+                    grant=grant,
+                    guard=kind.guard(grant),
                     port=port,
                     workdir=workdir,
                     process=process,
                     start_ticks=process_start_ticks(process.pid),
                     granted_at=datetime.now(UTC),
-                    deadline_mono=now + test_s + self.settings.slot_grace_s,
-                    expected_end_mono=now + test_s + 2.0,
+                    deadline_mono=now + grant.test_s + self.settings.slot_grace_s,
+                    expected_end_mono=now + grant.test_s + 2.0,
                     output=output,
                 )
-            await self._kill_group(process)
+            await process.stop()
             failures.append(f"port {port}: {output.decode(errors='replace').strip()[-200:]}")
             if b"in use" not in output:
                 break
@@ -517,11 +447,15 @@ class Agent:
         raise Refused(
             503,
             Refusal(
-                error="failed", message="the iperf3 server did not start: " + "; ".join(failures)
+                error="failed",
+                message=f"the {kind.name} server did not start: " + "; ".join(failures),
             ),
         )
 
-    async def _wait_listening(self, process: asyncio.subprocess.Process, output: bytearray) -> bool:
+    async def _wait_listening(
+        self, kind: ServerKind, server: Supervised, output: bytearray
+    ) -> bool:
+        process = server.process
         assert process.stdout is not None
         deadline = time.monotonic() + self.settings.server_start_timeout_s
         while time.monotonic() < deadline:
@@ -529,59 +463,84 @@ class Agent:
                 line = await asyncio.wait_for(
                     process.stdout.readline(), deadline - time.monotonic()
                 )
-            except TimeoutError:
+            except (TimeoutError, ValueError):
                 return False
             if not line:
                 return False
             output.extend(line)
-            if b"Server listening on" in line:
+            if kind.ready in line:
                 return True
         return False
 
-    async def _watch(self, slot: Slot) -> None:
-        """Keep the server's output; kill it at the deadline; free the slot then at the latest."""
-        assert slot.process.stdout is not None
-        stream = slot.process.stdout
+    async def _excess(self, slot: Slot) -> str | None:
+        """Whether the server's sockets use bigger buffers than the grant allows (ss -m)."""
+        argv = ["ss", "-tumnH", "state", "established", "(", "sport", "=", f":{slot.port}", ")"]
+        raw = await run_command(argv, SS_TIMEOUT_S)
+        if raw.returncode != 0:
+            log.warning("slot %s: cannot read its sockets (%s)", slot.slot_id, raw.stderr[:200])
+            return None
+        # An untouched socket starts at tcp_[rw]mem's default; when the request named no
+        # window it may autotune up to their maximum.
+        start, most = self.buffer_defaults
+        defaults = start if slot.grant.window_granted else most
+        return buffer_excess(buffer_sizes(raw.stdout), slot.guard, slot.grant, defaults)
 
-        async def drain() -> None:
-            while chunk := await stream.read(65536):
-                slot.output.extend(chunk)
+    async def _watch(self, slot: Slot) -> None:
+        """Hold the test to its grant as it runs; kill it at the deadline; free the slot then
+        at the latest."""
+        stream = slot.process.process.stdout
+        assert stream is not None
+
+        async def follow() -> None:
+            while True:
+                try:
+                    line = await stream.readline()
+                except ValueError:  # a line longer than the reader's limit: not the guard's
+                    line = await stream.read(65536)
+                if not line:
+                    return
+                slot.output.extend(line)
                 del slot.output[:-65536]
+                reason = slot.guard.line(line)
+                if reason is None and slot.guard.inspect_sockets(line):
+                    reason = await self._excess(slot)
+                if reason is not None:
+                    slot.cut_reason = reason
+                    return
 
         try:
-            await asyncio.wait_for(
-                asyncio.gather(drain(), slot.process.wait()),
-                max(0.0, slot.deadline_mono - time.monotonic()),
-            )
+            # follow() ends when the server closes its output (it exited) or the test is cut.
+            await asyncio.wait_for(follow(), max(0.0, slot.deadline_mono - time.monotonic()))
+            if slot.cut_reason is None:
+                await asyncio.wait_for(
+                    slot.process.process.wait(), max(0.0, slot.deadline_mono - time.monotonic())
+                )
         except TimeoutError:
-            log.warning(
-                "slot %s of %s reached its deadline; killing the server", slot.slot_id, slot.monitor
-            )
-            await self._end(slot, "killed_at_deadline")
+            if slot.cut_reason is None:
+                log.warning(
+                    "slot %s of %s reached its deadline; killing the server",
+                    slot.slot_id,
+                    slot.monitor,
+                )
+                await self._end(slot, "killed_at_deadline")
+                return
+        if slot.cut_reason is not None:
+            log.warning("slot %s of %s cut: %s", slot.slot_id, slot.monitor, slot.cut_reason)
+            await self._end(slot, "cut")
             return
         # The one-shot server is done: sweep its group and files, hold the slot for the release.
         slot.state = "finished"
-        await self._kill_group(slot.process)
+        await slot.process.stop()
         shutil.rmtree(slot.workdir, ignore_errors=True)
         self._save_state()
         await asyncio.sleep(max(0.0, slot.deadline_mono - time.monotonic()))
         await self._end(slot, "expired")
 
-    async def _kill_group(self, process: asyncio.subprocess.Process) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(process.wait(), KILL_GRACE_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(process.wait(), 5.0)
-
-    async def _end(self, slot: Slot, how: str) -> None:
+    async def _end(self, slot: Slot, how: SlotPhase) -> None:
         if slot.state not in ("running", "finished"):
             return
         slot.state = how
-        await self._kill_group(slot.process)
+        await slot.process.stop()
         shutil.rmtree(slot.workdir, ignore_errors=True)
         slot.ended_at = datetime.now(UTC)
         if self.current is slot:
@@ -611,52 +570,46 @@ class Agent:
 # ---------------------------------------------------------------------------------------------
 # the HTTP app
 
-
-def refusal_response(status: int, refusal: Refusal) -> JSONResponse:
-    headers = {}
-    if refusal.retry_after_s is not None:
-        headers["Retry-After"] = str(math.ceil(refusal.retry_after_s))
-    if status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(refusal.model_dump(exclude_none=True), status, headers=headers)
-
-
-REFUSALS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Refusal, "description": why}
-    for code, why in {
-        401: "no credential, or one this agent does not know",
-        403: "not allowed, or a limit exceeded (named in `limit`)",
-        404: "no such slot of this monitor",
-        409: "another bandwidth test holds the slot; retry after `retry_after_s`",
-        429: "tests_per_hour reached",
-        503: "the server could not be started",
-    }.items()
+WHY: dict[int, str] = {
+    400: "the body is not JSON this agent accepts (NaN, Infinity, a number too large)",
+    401: "no credential, or one this agent does not know (checked before the body is read)",
+    403: "not allowed, or a limit exceeded (named in `limit`)",
+    404: "no such slot of this monitor",
+    409: "another bandwidth test holds the slot; retry after `retry_after_s`",
+    413: "the body is larger than the agent's max_body_bytes",
+    422: "a field is missing or out of range (named in `message`)",
+    429: "tests_per_hour reached",
+    503: "the server could not be started",
 }
 
 
-def monitor_of(
-    request: Request, authorization: Annotated[str | None, Header()] = None
-) -> MonitorEntry:
-    """The monitor a request's bearer token belongs to; 401 before anything else happens."""
-    token = None
-    if authorization is not None:
-        scheme, _, value = authorization.partition(" ")
-        if scheme.lower() == "bearer":
-            token = value.strip()
-    agent: Agent = request.app.state.agent
-    monitor = agent.config.authenticate(token)
-    if monitor is None:
-        message = (
-            "no credential: send 'Authorization: Bearer <token>'"
-            if token is None
-            else "unknown credential"
-        )
-        raise Refused(401, Refusal(error="unauthorized", message=message))
+def refusals(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI descriptions of the refusals an operation can answer (all with a Refusal body)."""
+    return {code: {"model": Refusal, "description": WHY[code]} for code in codes}
+
+
+def monitor_of(request: Request) -> MonitorEntry:
+    """The monitor the Gate authenticated from this request's token, before its body."""
+    monitor: MonitorEntry | None = request.scope.get("state", {}).get("monitor")
+    if monitor is None:  # a route the Gate treats as public cannot ask for a monitor
+        raise Refused(401, unauthorized(None))
     return monitor
 
 
 Monitor = Annotated[MonitorEntry, Depends(monitor_of)]
 SlotId = Annotated[str, PathParam(pattern=SLOT_ID_PATTERN)]
+
+
+def _field_errors(exc: RequestValidationError) -> str:
+    """One line naming each bad field: ``streams: Input should be ... (got 500)``."""
+    parts = []
+    for error in exc.errors()[:5]:
+        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "path", "query")]
+        where = ".".join(loc) or "body"
+        given = error.get("input")
+        shown = f" (got {given!r:.40})" if isinstance(given, int | float | str | bool) else ""
+        parts.append(f"{where}: {error.get('msg', 'invalid')}{shown}")
+    return "; ".join(parts)
 
 
 def create_app(config: AgentConfig) -> FastAPI:
@@ -677,32 +630,51 @@ def create_app(config: AgentConfig) -> FastAPI:
         description="Target-host responder: host facts and exclusive one-shot test servers.",
     )
     app.state.agent = agent
+    app.add_middleware(
+        Gate,
+        authenticate=config.authenticate,
+        public=frozenset({"/v1/health"}),
+        max_body_bytes=config.agent.max_body_bytes,
+    )
 
     @app.exception_handler(Refused)
     async def _refused(request: Request, exc: Refused) -> JSONResponse:
         return refusal_response(exc.status, exc.refusal)
 
-    @app.get("/v1/health", response_model=Health)
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return refusal_response(422, Refusal(error="invalid", message=_field_errors(exc)))
+
+    @app.get("/v1/health", response_model=Health, responses=refusals(400, 413))
     async def health() -> Health:
         return Health(status="ok", agent=config.agent.name, version=__version__)
 
-    @app.get("/v1/facts", response_model=Facts, responses=REFUSALS)
+    @app.get("/v1/facts", response_model=Facts, responses=refusals(400, 401, 413))
     async def facts(monitor: Monitor) -> Facts:
         return await agent.facts()
 
-    @app.get("/v1/usage", response_model=Usage, responses=REFUSALS)
+    @app.get("/v1/usage", response_model=Usage, responses=refusals(400, 401, 413))
     async def usage(monitor: Monitor) -> Usage:
         return agent.usage(monitor)
 
-    @app.post("/v1/slots", response_model=SlotGrant, status_code=201, responses=REFUSALS)
+    @app.post(
+        "/v1/slots",
+        response_model=SlotGrant,
+        status_code=201,
+        responses=refusals(400, 401, 403, 409, 413, 422, 429, 503),
+    )
     async def open_slot(monitor: Monitor, request: SlotRequest) -> SlotGrant:
         return await agent.open_slot(monitor, request)
 
-    @app.get("/v1/slots/{slot_id}", response_model=SlotState, responses=REFUSALS)
+    @app.get(
+        "/v1/slots/{slot_id}", response_model=SlotState, responses=refusals(400, 401, 404, 413, 422)
+    )
     async def slot_state(monitor: Monitor, slot_id: SlotId) -> SlotState:
         return agent.find(monitor, slot_id).view()
 
-    @app.delete("/v1/slots/{slot_id}", response_model=SlotState, responses=REFUSALS)
+    @app.delete(
+        "/v1/slots/{slot_id}", response_model=SlotState, responses=refusals(400, 401, 404, 413, 422)
+    )
     async def close_slot(monitor: Monitor, slot_id: SlotId) -> SlotState:
         return await agent.close_slot(monitor, slot_id)
 
@@ -711,12 +683,19 @@ def create_app(config: AgentConfig) -> FastAPI:
 
 def serve(config: AgentConfig, host: str, port: int, *, log_level: str = "info") -> None:
     """Run the agent until SIGTERM/SIGINT (uvicorn), with TLS if agent.toml configures it."""
+    import resource
     import ssl
 
     import uvicorn
 
     settings = config.agent
-    options: dict[str, Any] = {}
+    # Connections are capped below the fd limit (servers, pipes and ss need some), so accept()
+    # never fails for want of descriptors.
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fd_limit = None if soft == resource.RLIM_INFINITY else soft
+    most = connection_cap(settings.max_connections, fd_limit)
+    logging.getLogger("asyncio").addFilter(QuietAccept())
+    options: dict[str, Any] = uvicorn_options(settings.request_timeout_s, most)
     if settings.tls_cert is not None:
         options |= {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
         if settings.tls_client_ca is not None:

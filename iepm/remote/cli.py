@@ -238,7 +238,8 @@ def target_check(
     config: Annotated[Path, typer.Option("--config", "-c", help="targets.toml")],
 ) -> None:
     """Reach an agent or SSH target the way a test would: facts, limits, tools."""
-    from iepm.config import AgentAccess, load_config
+    from iepm.config import load_config
+    from iepm.remote.access import AgentAccess
 
     try:
         settings = load_config(config)
@@ -254,7 +255,11 @@ def target_check(
             client = AgentClient.from_access(remote, netns=netns)
 
             async def ask() -> dict[str, Any]:
-                return {"facts": await client.facts(), "usage": await client.usage()}
+                facts, usage = await client.facts(), await client.usage()
+                return {
+                    "facts": facts.model_dump(mode="json"),
+                    "usage": usage.model_dump(mode="json"),
+                }
 
             report = {"mode": "agent", **asyncio.run(ask())}
         else:

@@ -12,13 +12,14 @@ import random
 import ssl
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from iepm.errors import RemoteError
+from iepm.remote.access import AgentAccess
 from iepm.remote.netns import run_in_netns
+from iepm.remote.protocol import Facts, Health, SlotGrant, SlotRequest, SlotState, Usage
 from iepm.remote.trust import read_token
 
 # A release must not be skipped because the probe was cancelled; it gets its own deadline.
@@ -35,15 +36,6 @@ class Refusal(RemoteError):
         self.retry_after_s = body.get("retry_after_s")
         message = str(body.get("message") or body.get("detail") or body)
         super().__init__(f"agent {url} refused ({status} {self.error}): {message}")
-
-
-@dataclass(frozen=True)
-class Slot:
-    slot_id: str
-    port: int
-    deadline_s: float
-    ready_ms: float
-    grant: dict[str, Any]
 
 
 class AgentClient:
@@ -76,8 +68,8 @@ class AgentClient:
         return f"AgentClient({self.url!r})"
 
     @classmethod
-    def from_access(cls, access: Any, netns: str | None = None) -> AgentClient:
-        """From a target's ``[targets.agent]`` table (iepm.config.AgentAccess)."""
+    def from_access(cls, access: AgentAccess, netns: str | None = None) -> AgentClient:
+        """From a target's ``[targets.agent]`` table."""
         return cls(
             access.url,
             read_token(access.credential_file),
@@ -130,29 +122,30 @@ class AgentClient:
             raise Refusal(status, answer, self.url)
         return answer
 
-    async def health(self) -> dict[str, Any]:
-        return await self._ok("GET", "/v1/health")
+    async def health(self) -> Health:
+        return Health.model_validate(await self._ok("GET", "/v1/health"))
 
-    async def facts(self) -> dict[str, Any]:
-        return await self._ok("GET", "/v1/facts")
+    async def facts(self) -> Facts:
+        return Facts.model_validate(await self._ok("GET", "/v1/facts"))
 
-    async def usage(self) -> dict[str, Any]:
-        return await self._ok("GET", "/v1/usage")
+    async def usage(self) -> Usage:
+        return Usage.model_validate(await self._ok("GET", "/v1/usage"))
 
-    async def acquire(self, request: dict[str, Any], *, wait_s: float = 0.0) -> Slot:
+    async def acquire(self, request: SlotRequest, *, wait_s: float = 0.0) -> SlotGrant:
         """A slot with a ready server; while the target is busy, retry as the agent advises
         until ``wait_s`` has passed. Other refusals are raised at once."""
         give_up = time.monotonic() + wait_s
+        body = request.model_dump(mode="json")
         while True:
-            status, answer = await self.request("POST", "/v1/slots", request)
+            status, answer = await self.request("POST", "/v1/slots", body)
             if status == 201:
-                return Slot(
-                    slot_id=str(answer["slot_id"]),
-                    port=int(answer["port"]),
-                    deadline_s=float(answer["deadline_s"]),
-                    ready_ms=float(answer.get("ready_ms", 0.0)),
-                    grant=answer,
-                )
+                try:
+                    return SlotGrant.model_validate(answer)
+                except ValueError as exc:
+                    raise RemoteError(
+                        f"agent {self.url}: a grant this monitor cannot read: "
+                        f"{str(exc).splitlines()[0]}"
+                    ) from None
             refusal = Refusal(status, answer, self.url)
             left = give_up - time.monotonic()
             if status != 409 or left <= 0:
@@ -163,14 +156,14 @@ class AgentClient:
             # A little jitter so that waiting monitors do not retry in lock-step.
             await asyncio.sleep(min(left, max(0.1, advised) + random.uniform(0.0, 0.2)))
 
-    async def release(self, slot_id: str) -> dict[str, Any]:
-        return await self._ok("DELETE", f"/v1/slots/{slot_id}")
+    async def release(self, slot_id: str) -> SlotState:
+        return SlotState.model_validate(await self._ok("DELETE", f"/v1/slots/{slot_id}"))
 
-    async def slot(self, slot_id: str) -> dict[str, Any]:
-        return await self._ok("GET", f"/v1/slots/{slot_id}")
+    async def slot(self, slot_id: str) -> SlotState:
+        return SlotState.model_validate(await self._ok("GET", f"/v1/slots/{slot_id}"))
 
     @contextlib.asynccontextmanager
-    async def held(self, request: dict[str, Any], *, wait_s: float = 0.0) -> AsyncIterator[Slot]:
+    async def held(self, request: SlotRequest, *, wait_s: float = 0.0) -> AsyncIterator[SlotGrant]:
         """A slot for the duration of the block, always released (also when cancelled)."""
         slot = await self.acquire(request, wait_s=wait_s)
         try:

@@ -30,12 +30,12 @@ from typing import Any
 import asyncssh
 
 from iepm.errors import RemoteError
+from iepm.remote.access import SshAccess
 from iepm.remote.netns import connect_in_netns
+from iepm.remote.servers import KINDS, ServerKind
 
 log = logging.getLogger(__name__)
 
-# The server reports "Server listening on 5201" (iperf3 3.x) once it accepts connections.
-LISTENING = "Server listening on"
 STOP_GRACE_S = 0.5
 
 
@@ -70,7 +70,9 @@ def _describe(exc: BaseException, where: str, step_s: float) -> str:
     return f"SSH to {where} failed: {type(exc).__name__}: {exc}"
 
 
-async def connect(access: Any, address: str, netns: str | None) -> asyncssh.SSHClientConnection:
+async def connect(
+    access: SshAccess, address: str, netns: str | None
+) -> asyncssh.SSHClientConnection:
     """Log in with the key only, within ``step_timeout_s``; RemoteError says why not."""
     step = float(access.step_timeout_s)
     where = f"{access.user}@{address}:{access.port}"
@@ -116,26 +118,13 @@ async def run_remote(
         ) from None
 
 
-def _start_command(access: Any, port: int, deadline_s: float) -> str:
+def _start_command(access: SshAccess, argv: list[str], deadline_s: float) -> str:
     """Make a private directory, report it and the process group, then become the server.
 
     ``exec`` keeps the shell's PID, which sshd made a session and group leader; ``timeout``
     kills the server at the deadline on the target itself."""
     template = shlex.quote(access.work_dir.rstrip("/") + "/iepm-XXXXXXXX")
-    server = shlex.join(
-        [
-            "timeout",
-            "-s",
-            "KILL",
-            str(int(deadline_s)),
-            access.iperf3_path,
-            "-s",
-            "-1",
-            "-p",
-            str(port),
-            "--forceflush",
-        ]
-    )
+    server = shlex.join(["timeout", "-s", "KILL", str(int(deadline_s)), *argv])
     return (
         f'umask 077 && d=$(mktemp -d {template}) && cd "$d" && echo "iepm-dir $d" && '
         f'echo "iepm-pgid $$" && exec {server}'
@@ -151,7 +140,7 @@ def _stop_command(pgid: int, workdir: str) -> str:
 
 
 async def _await_ready(
-    process: asyncssh.SSHClientProcess[str], access: Any, step: float
+    process: asyncssh.SSHClientProcess[str], ready: str, step: float
 ) -> tuple[str, int, list[str]]:
     workdir, pgid, lines = "", 0, []
     loop = asyncio.get_running_loop()
@@ -170,33 +159,49 @@ async def _await_ready(
             workdir = line[len("iepm-dir ") :].rstrip("\n")
         elif line.startswith("iepm-pgid "):
             pgid = int(line.split()[1])
-        elif LISTENING in line:
+        elif ready in line:
             return workdir, pgid, lines
     return workdir, pgid, lines
 
 
-def _start_failure(access: Any, where: str, said: str) -> str:
+def _start_failure(access: SshAccess, program: str, where: str, said: str) -> str:
     low = said.lower()
     if "no space left" in low:
         return (
             f"{where}: the target's {access.work_dir} is full (No space left on device) — "
             f"free space there or set ssh.work_dir; it said: {said}"
         )
-    if "not found" in low and access.iperf3_path.split("/")[-1] in low:
+    if "not found" in low and program.split("/")[-1] in low:
+        name = program.split("/")[-1]
         return (
-            f"{where}: {access.iperf3_path} is not installed on the target "
-            f"(Debian: apt-get install iperf3); it said: {said}"
+            f"{where}: {program} is not installed on the target "
+            f"(Debian: apt-get install {name}); it said: {said}"
         )
     if "in use" in low:
         return f"{where}: port {access.server_port} is in use on the target; it said: {said}"
-    return f"{where}: the iperf3 server did not start; it said: {said or '(nothing)'}"
+    return f"{where}: the {program} server did not start; it said: {said or '(nothing)'}"
+
+
+def _kind(name: str) -> ServerKind:
+    kind = KINDS.get(name)
+    if kind is None:
+        raise RemoteError(
+            f"an SSH target cannot start a {name!r} server (known: {', '.join(KINDS)})"
+        )
+    return kind
 
 
 @contextlib.asynccontextmanager
-async def iperf3_server(
-    access: Any, address: str, test_s: float, *, netns: str | None = None
+async def server(
+    access: SshAccess, kind_name: str, address: str, test_s: float, *, netns: str | None = None
 ) -> AsyncIterator[SshServer]:
-    """An ``iperf3 -s -1`` on the target for one test; always stopped and cleaned afterwards."""
+    """A one-shot server of ``kind_name`` on the target for one test; always stopped and
+    cleaned afterwards."""
+    kind = _kind(kind_name)
+    program = access.program(kind.name, kind.program)
+    # No agent holds an SSH test to a grant: the monitor's own spec is its only limit.
+    argv = kind.argv(program, access.server_port, None, None)
+    ready_text = kind.ready.decode()
     step = float(access.step_timeout_s)
     where = f"{access.user}@{address}"
     loop = asyncio.get_running_loop()
@@ -204,18 +209,19 @@ async def iperf3_server(
     conn = await connect(access, address, netns)
     try:
         deadline_s = test_s + 2 * step + 5
-        command = _start_command(access, access.server_port, deadline_s)
+        command = _start_command(access, argv, deadline_s)
         try:
             process = await asyncio.wait_for(conn.create_process(command), step)
-            workdir, pgid, lines = await _await_ready(process, access, step)
+            workdir, pgid, lines = await _await_ready(process, ready_text, step)
         except (TimeoutError, asyncssh.Error, OSError) as exc:
             raise RemoteError(
-                f"{where}: starting the iperf3 server: {_describe(exc, where, step)}"
+                f"{where}: starting the {kind.name} server: {_describe(exc, where, step)}"
             ) from None
-        ready = LISTENING in "\n".join(lines)
+        ready = ready_text in "\n".join(lines)
         try:
             if not ready:
-                raise RemoteError(_start_failure(access, where, " | ".join(x for x in lines if x)))
+                said = " | ".join(x for x in lines if x)
+                raise RemoteError(_start_failure(access, program, where, said))
             if not workdir.startswith(access.work_dir.rstrip("/") + "/iepm-") or pgid <= 1:
                 raise RemoteError(f"{where}: unexpected start-up output: {lines!r}")
             yield SshServer(access.server_port, pgid, workdir, (loop.time() - t0) * 1000)
@@ -235,21 +241,25 @@ async def iperf3_server(
             await asyncio.wait_for(conn.wait_closed(), 2.0)
 
 
-async def check_target(access: Any, address: str, netns: str | None = None) -> dict[str, Any]:
-    """Log in and report what a test needs: iperf3's version and free space in work_dir."""
+async def check_target(
+    access: SshAccess, address: str, netns: str | None = None
+) -> dict[str, str | int | None]:
+    """Log in and report what a test needs: each server kind's version, free space in
+    work_dir."""
     step = float(access.step_timeout_s)
     conn = await connect(access, address, netns)
+    versions: dict[str, str | int | None] = {}
     try:
-        version = await run_remote(conn, [access.iperf3_path, "--version"], step)
+        for kind in KINDS.values():
+            program = access.program(kind.name, kind.program)
+            answer = await run_remote(conn, [program, *kind.version_argv], step)
+            out = str(answer.stdout or "")
+            versions[kind.name] = out.splitlines()[0] if answer.exit_status == 0 and out else None
         space = await run_remote(conn, ["df", "-Pk", access.work_dir], step)
     finally:
         conn.close()
-    out = str(version.stdout or "")
     fields = str(space.stdout or "").splitlines()[-1:]
     free_kb = None
     if fields and re.match(r"^\S+\s+\d+\s+\d+\s+\d+", fields[0]):
         free_kb = int(fields[0].split()[3])
-    return {
-        "iperf3": out.splitlines()[0] if version.exit_status == 0 and out else None,
-        "work_dir_free_bytes": None if free_kb is None else free_kb * 1024,
-    }
+    return {**versions, "work_dir_free_bytes": None if free_kb is None else free_kb * 1024}

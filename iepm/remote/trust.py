@@ -11,23 +11,30 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from iepm.errors import ConfigError
-from iepm.probes.iperf3 import size_bytes
+from iepm.remote.servers import IPERF3, KINDS
 from iepm.tomlpos import format_loc, line_of
+from iepm.units import size_bytes
 
 MONITOR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 TOKEN_PREFIX = "iepm1."
-# Probes an agent can serve (a one-shot server each); file copy and packet pair come later.
-AGENT_PROBES = ("iperf3",)
+
+
+def _known_kinds(kinds: list[str]) -> list[str]:
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"unknown server kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+    return kinds
 
 
 class StrictModel(BaseModel):
@@ -76,8 +83,14 @@ class Limits(StrictModel):
 class MonitorEntry(StrictModel):
     name: str
     token_sha256: str
-    probes: list[Literal["iperf3"]] = Field(default_factory=lambda: list(AGENT_PROBES))
+    # Server kinds this monitor may ask for (the key keeps its first name: existing files).
+    probes: list[str] = Field(default_factory=lambda: list(KINDS))
     limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("probes")
+    @classmethod
+    def _kinds(cls, value: list[str]) -> list[str]:
+        return _known_kinds(value)
 
     @field_validator("name")
     @classmethod
@@ -109,7 +122,16 @@ class AgentSettings(StrictModel):
     slot_grace_s: float = Field(default=10.0, ge=1.0, le=600.0)
     # How long a new server may take to listen.
     server_start_timeout_s: float = Field(default=5.0, ge=0.5, le=60.0)
-    iperf3_path: str = "iperf3"
+    # Program of each server kind, when not the one on PATH: {iperf3 = "/opt/iperf3/bin/iperf3"}.
+    programs: dict[str, str] = Field(default_factory=dict)
+    # Older name for programs.iperf3.
+    iperf3_path: str | None = None
+    # A request's headers and body must arrive within this (slow clients hold no connection).
+    request_timeout_s: float = Field(default=10.0, ge=0.5, le=120.0)
+    # Open connections at once; more are closed at once (so the agent never runs out of fds).
+    max_connections: int = Field(default=128, ge=4, le=4096)
+    # Largest request body; bigger ones get 413 without being read.
+    max_body_bytes: int = Field(default=16384, ge=1024, le=1048576)
     # TLS (optional): the agent's certificate and key; with client_ca, mutual TLS is required.
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -122,6 +144,17 @@ class AgentSettings(StrictModel):
         if not 1024 <= low <= high <= 65535:
             raise ValueError(f"server_ports must be [low, high] within 1024-65535 (got {value})")
         return value
+
+    @field_validator("programs")
+    @classmethod
+    def _known_programs(cls, value: dict[str, str]) -> dict[str, str]:
+        _known_kinds(list(value))
+        return value
+
+    def program(self, kind: str) -> str:
+        if kind == IPERF3.name and self.iperf3_path is not None and kind not in self.programs:
+            return self.iperf3_path
+        return self.programs.get(kind) or KINDS[kind].program
 
     @model_validator(mode="after")
     def _tls_pair(self) -> AgentSettings:
@@ -231,7 +264,7 @@ def monitor_stanza(name: str, digest: str, limits: Limits | None = None) -> str:
         "[[monitors]]",
         f'name = "{name}"',
         f'token_sha256 = "{digest}"',
-        'probes = ["iperf3"]',
+        f"probes = {json.dumps(sorted(KINDS))}",
         "[monitors.limits]",
         f"max_duration_s = {limits.max_duration_s}",
         f"max_streams = {limits.max_streams}",

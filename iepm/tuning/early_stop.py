@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
-import os
 import re
 import signal
 import statistics
@@ -42,8 +40,8 @@ from typing import Any
 from iepm.errors import ConfigError
 from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext, result_from_raw
-from iepm.results import Result, utcnow
-from iepm.runner import RawRun, resolve_executable, run_command, tool_version
+from iepm.results import Result
+from iepm.runner import RawRun, run_command, start_process, tool_version
 from iepm.store import Archive
 from iepm.tuning.measure import iperf3_figures
 from iepm.tuning.store import Study, StudyRecorder
@@ -269,18 +267,6 @@ async def sample_tcp_info(ctx: ProbeContext, port: int, t: float) -> Sample:
     )
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_parent() -> None:
-    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: never outlive the monitor
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 async def adaptive_run(
     spec: iperf3.Spec,
     ctx: ProbeContext,
@@ -296,19 +282,9 @@ async def adaptive_run(
     spec = spec.model_copy(update={"duration_s": float(cfg.full_duration_s)})
     version = await tool_version(ctx.wrap(iperf3.META.version_argv or ()))
     argv = ctx.wrap(iperf3.build_argv(spec, ctx.address))
-    executable = resolve_executable(argv[0])
-    started_at = utcnow()
-    t_start = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        executable=executable,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,
-        env={**os.environ, "LC_ALL": "C"},
-    )
+    tool = await start_process(argv)
+    proc = tool.process
+    t_start = tool.t0
     readers = asyncio.gather(proc.stdout.read(), proc.stderr.read())  # type: ignore[union-attr]
     detector = Detector(cfg)
     samples: list[Sample] = []
@@ -324,25 +300,15 @@ async def adaptive_run(
             samples.append(sample)
             decision = detector.add(sample)
             if decision is not None and not shadow and not stopped:
-                _signal_group(proc.pid, signal.SIGINT)
+                tool.signal(signal.SIGINT)  # iperf3 still prints its (interrupted) report
                 stopped = True
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(proc.wait()), max(0.0, t_next - time.monotonic())
-                )
-        try:
-            await asyncio.wait_for(proc.wait(), max(1.0, deadline - time.monotonic()))
-        except TimeoutError:
+            await tool.wait(max(0.0, t_next - time.monotonic()))
+        if await tool.wait(max(1.0, deadline - time.monotonic())) is None:
             timed_out = True
-            _signal_group(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 2.0)
-    except BaseException:
-        _signal_group(proc.pid, signal.SIGKILL)
-        raise
+            await tool.terminate()
     finally:
-        _signal_group(proc.pid, signal.SIGKILL)
+        await tool.stop(grace_s=0.0)  # the tool has ended or been told to: sweep its group
     out, err = await asyncio.wait_for(readers, 5.0)
     raw = RawRun(
         argv=tuple(argv),
@@ -350,7 +316,7 @@ async def adaptive_run(
         stderr=err.decode("utf-8", errors="replace"),
         returncode=proc.returncode,
         timed_out=timed_out,
-        started_at=started_at,
+        started_at=tool.started_at,
         duration_s=time.monotonic() - t_start,
         pid=proc.pid,
     )

@@ -100,7 +100,7 @@ def test_iperf3_tcp_reaches_90_to_100_percent_of_rate(lab: Lab, target: str, rat
         target, ["nice", "-n", "-10", "iperf3", "-s", "-1", "-p", "5201", "-B", lab.address(target)]
     )
     try:
-        time.sleep(0.3)
+        lab.wait_listening(target)
         argv = ["nice", "-n", "-10", "iperf3", "-c", lab.address(target), "-P", "4", "-t", "6"]
         argv += ["-O", "2", "-J"]
         run = lab.exec("mon", argv, timeout_s=40)

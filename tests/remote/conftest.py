@@ -129,6 +129,7 @@ def agent_toml(
     grace_s: float,
     ports: str,
     tls: dict[str, str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "[agent]",
@@ -138,6 +139,7 @@ def agent_toml(
         f"slot_grace_s = {grace_s}",
     ]
     lines += [f'{key} = "{value}"' for key, value in (tls or {}).items()]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in (settings or {}).items()]
     if bind:
         lines.append(f'server_bind = "{bind}"')
     for name, limits in MONITORS.items():
@@ -163,8 +165,11 @@ def running_agent(
     netns: str | None = None,
     grace_s: float = 3.0,
     tls: dict[str, str] | None = None,
+    settings: dict[str, Any] | None = None,
+    nofile: int | None = None,
 ) -> Iterator[RunningAgent]:
-    """``tls``: agent.toml's tls_cert, tls_key and (mutual TLS) tls_client_ca."""
+    """``tls``: agent.toml's tls_cert, tls_key and (mutual TLS) tls_client_ca; ``settings``:
+    more of its [agent] table; ``nofile``: the agent's file-descriptor limit."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     tokens = {name: new_token() for name in MONITORS}
@@ -178,10 +183,13 @@ def running_agent(
             grace_s=grace_s,
             ports=f"[{low}, {low + 50}]",
             tls=tls,
+            settings=settings,
         )
     )
     argv = [sys.executable, "-m", "iepm.cli", "agent", "--listen", f"{address}:{port}"]
     argv += ["--config", str(config)]
+    if nofile is not None:
+        argv = ["prlimit", f"--nofile={nofile}:{nofile}", "--", *argv]
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
     agent = RunningAgent(

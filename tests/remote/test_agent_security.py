@@ -18,6 +18,7 @@ from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.rawlog import RawLog
 from iepm.remote.agent import Agent
+from iepm.remote.lease import server_source
 from iepm.remote.trust import load_agent_config
 from tests.remote.conftest import RunningAgent, wait_until
 
@@ -192,7 +193,11 @@ def test_credentials_never_reach_logs_raw_logs_or_results(
     )
     raw_log = RawLog(tmp_path / "raw")
     ctx = ProbeContext(
-        target="loop", address="127.0.0.1", monitor="mon1", raw_log=raw_log, remote=access
+        target="loop",
+        address="127.0.0.1",
+        monitor="mon1",
+        raw_log=raw_log,
+        servers=server_source(access),
     )
     result = asyncio.run(iperf3.run(iperf3.Spec(duration_s=1), ctx))
     assert result.succeeded, result.error
@@ -205,7 +210,7 @@ def test_credentials_never_reach_logs_raw_logs_or_results(
     wrong_ctx = ProbeContext(
         target="loop",
         address="127.0.0.1",
-        remote=AgentAccess(url=loopback_agent.url, credential_file=str(bad)),
+        servers=server_source(AgentAccess(url=loopback_agent.url, credential_file=str(bad))),
     )
     wrong = asyncio.run(iperf3.run(iperf3.Spec(duration_s=1), wrong_ctx))
     assert not wrong.succeeded and "401" in (wrong.error or "")

@@ -167,9 +167,9 @@ def _client(agent: RunningAgent, *, ca: Path | None, cert: Issued | None) -> Age
 def test_mutual_tls_with_the_monitor_certificate_works(mtls_agent: RunningAgent, pki: Pki) -> None:
     client = _client(mtls_agent, ca=pki.ca.path, cert=pki.client)
     assert mtls_agent.url.startswith("https://")
-    assert asyncio.run(client.health())["status"] == "ok"
+    assert asyncio.run(client.health()).status == "ok"
     # Facts need a known monitor's token as well: the certificate is on top of it.
-    assert asyncio.run(client.facts())["agent"] == "test-agent"
+    assert asyncio.run(client.facts()).agent == "test-agent"
 
 
 def test_mutual_tls_still_requires_the_token(mtls_agent: RunningAgent, pki: Pki) -> None:
@@ -202,7 +202,7 @@ def test_the_monitor_refuses_an_agent_it_cannot_verify(tls_agent: RunningAgent, 
         with pytest.raises(RemoteError, match="CERTIFICATE_VERIFY_FAILED"):
             asyncio.run(_client(tls_agent, ca=ca, cert=None).health())
     # Trusting the agent's CA (server-side TLS only, no client certificate) works.
-    assert asyncio.run(_client(tls_agent, ca=pki.ca.path, cert=None).health())["status"] == "ok"
+    assert asyncio.run(_client(tls_agent, ca=pki.ca.path, cert=None).health()).status == "ok"
 
 
 def test_plain_http_to_a_tls_agent_gets_no_answer(tls_agent: RunningAgent) -> None:

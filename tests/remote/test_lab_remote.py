@@ -20,6 +20,7 @@ import pytest
 from iepm.config import Config, load_config_text
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
+from iepm.remote.protocol import SlotRequest
 from iepm.results import Result
 from iepm.scheduler import Scheduler
 from iepm.store import Archive
@@ -205,8 +206,9 @@ def test_monitor_killed_mid_test_the_agent_kills_the_server_at_the_deadline(
         "from iepm.remote.client import AgentClient\n"
         "from iepm.remote.trust import read_token\n"
         "c = AgentClient(sys.argv[1], read_token(sys.argv[2]))\n"
-        "slot = asyncio.run(c.acquire({'duration_s': 2}))\n"
-        "print(json.dumps(slot.grant), flush=True)\n"
+        "from iepm.remote.protocol import SlotRequest\n"
+        "slot = asyncio.run(c.acquire(SlotRequest(duration_s=2)))\n"
+        "print(slot.model_dump_json(), flush=True)\n"
         "time.sleep(120)\n"
     )
     argv = [sys.executable, "-c", script, agent.url, str(agent.token_file("mon1"))]
@@ -222,7 +224,7 @@ def test_monitor_killed_mid_test_the_agent_kills_the_server_at_the_deadline(
         monitor.wait(timeout=10)
     assert wait_until(lambda: not iperf3_pids(lab, "tagent"), grant["deadline_s"] + 3)
     state = asyncio.run(agent.client("mon1", netns=lab.netns("mon1")).slot(grant["slot_id"]))
-    assert state["state"] == "killed_at_deadline"
+    assert state.state == "killed_at_deadline"
     assert list((agent.dir / "state" / "work").iterdir()) == []
 
 
@@ -230,7 +232,7 @@ def test_agent_restarted_mid_slot_the_next_test_still_works(
     lab: Lab, agent: RunningAgent, tmp_path: Path
 ) -> None:
     client = agent.client("mon2", netns=lab.netns("mon2"))
-    slot = asyncio.run(client.acquire({"duration_s": 20}))
+    slot = asyncio.run(client.acquire(SlotRequest(duration_s=20)))
     assert iperf3_pids(lab, "tagent")
     agent.kill9()
     agent.start()
@@ -243,7 +245,7 @@ def test_agent_restarted_mid_slot_the_next_test_still_works(
     (result,) = run_cycle(config)
     assert result.succeeded, (result.error, result.diags)
     usage = asyncio.run(client.usage())
-    assert usage["tests_last_hour"] >= 2
+    assert usage.tests_last_hour >= 2
 
 
 def test_ssh_target_with_a_revoked_key_fails_within_the_deadline(
@@ -262,5 +264,8 @@ def test_ssh_target_with_a_revoked_key_fails_within_the_deadline(
     assert not result.succeeded
     assert "refused this monitor's key" in (result.error or "")
     assert elapsed < 5 + 2  # within the step deadline: never a password prompt, never a hang
-    assert "Failed publickey" in sshd.log() or "Connection closed" in sshd.log()
+    # sshd writes its log line after the client has gone: wait for it (bounded).
+    assert wait_until(
+        lambda: "Failed publickey" in sshd.log() or "Connection closed" in sshd.log(), 10
+    ), sshd.log()
     assert not iperf3_pids(lab, "tssh")

@@ -18,6 +18,7 @@ import pytest
 from iepm.config import SshAccess
 from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
+from iepm.remote.lease import server_source
 from iepm.results import Result
 from tests.helpers import free_port
 from tests.remote.sshd import Sshd, private_sshd
@@ -36,7 +37,7 @@ def short_tmp() -> Iterator[Path]:
 
 
 def run_iperf3(access: SshAccess, duration_s: int = 1) -> Result:
-    ctx = ProbeContext(target="loop", address="127.0.0.1", remote=access)
+    ctx = ProbeContext(target="loop", address="127.0.0.1", servers=server_source(access))
     return asyncio.run(iperf3.run(iperf3.Spec(duration_s=duration_s), ctx))
 
 

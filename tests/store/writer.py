@@ -4,6 +4,8 @@ printing each id once its transaction has committed.
     python writer.py URL PREFIX COUNT     (COUNT 0: until killed)
 
 It starts (opens the archive) when a line arrives on stdin, so that several start together.
+With a COUNT, it prints "half" after COUNT // 2 results and waits for another line before the
+rest: a test holding every writer there knows their writes overlap, however busy the machine.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def main() -> None:
             )
             archive.add(result)
             print(result.id, flush=True)
+            if total and n + 1 == total // 2:
+                print("half", flush=True)
+                sys.stdin.readline()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from iepm.store import Archive
 from iepm.tuned import load_tuned
 from iepm.tuning.store import list_studies
 from iepm.tuning.sweep import SweepPlan, run_sweep
-from tests.helpers import free_port, iperf3_server, stop
+from tests.helpers import free_port, iperf3_server, stop, wait_listening
 
 
 def test_ctrl_c_keeps_points_and_marks_partial(tmp_path: Path) -> None:
@@ -84,7 +84,11 @@ def test_target_dying_stops_the_sweep_as_partial(archive: Archive) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    time.sleep(0.5)
+    try:
+        wait_listening("127.0.0.1", port, timeout_s=30)
+    except TimeoutError:
+        stop(server)
+        raise
     ctx = ProbeContext(target="loop", address="127.0.0.1", monitor="mon")
 
     def on_point(point: dict[str, Any], done: int, total: int) -> None:

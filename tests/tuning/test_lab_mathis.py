@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 
 import pytest
 
@@ -40,7 +39,8 @@ def test_mathis_prediction_within_factor_two(lab_factory: LabFactory, archive: A
     assert math.isclose(C_PERIODIC, 1.2247, abs_tol=1e-4)  # the C this test states
     lab = lab_factory(TOPOLOGY, prefix="mathis")
     servers = [lab.popen(name, ["iperf3", "-s", "-B", lab.address(name)]) for name, _, _ in PATHS]
-    time.sleep(0.5)
+    for name, _, _ in PATHS:
+        lab.wait_listening(name)
 
     async def measure(name: str) -> None:
         ctx = ProbeContext(

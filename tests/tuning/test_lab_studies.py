@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -44,7 +43,8 @@ def test_duration_longer_on_long_path(lab_factory: LabFactory, archive: Archive)
     }
     lab = lab_factory(topology, prefix="dur")
     servers = [lab.popen(n, ["iperf3", "-s", "-B", lab.address(n)]) for n in ("near", "far")]
-    time.sleep(0.5)
+    for n in ("near", "far"):
+        lab.wait_listening(n)
     plan = DurationPlan(durations=[1, 3, 8], repeats=2)
     recommended = {}
     for node in ("near", "far"):
@@ -89,7 +89,7 @@ def test_impact_loaded_rtt_rises_by_queue_delay(lab_factory: LabFactory, archive
     queue_ms = lab.link_params("shared")["ab"].queue_ms
     assert queue_ms == 60
     server = lab.popen("tgt", ["iperf3", "-s", "-B", lab.address("tgt")])
-    time.sleep(0.5)
+    lab.wait_listening("tgt")
     plan = ImpactPlan(rates=["5M", None], streams=4, duration_s=4, pings=20)
     study = asyncio.run(run_impact_study(archive, _ctx(lab, "tgt"), plan))
     lab.stop(server)
@@ -113,7 +113,7 @@ def test_early_stop_saves_traffic(lab_factory: LabFactory, archive: Archive) -> 
     }
     lab = lab_factory(topology, prefix="early")
     server = lab.popen("tgt", ["iperf3", "-s", "-B", lab.address("tgt")])
-    time.sleep(0.5)
+    lab.wait_listening("tgt")
     cfg = EarlyStopConfig(full_duration_s=10)
     study = asyncio.run(run_early_stop_study(archive, _ctx(lab, "tgt"), iperf3.Spec(), cfg))
     lab.stop(server)

@@ -10,7 +10,6 @@ BDP = 275 KB, about four 64 KB windows: one stream cannot fill it, several can.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +58,7 @@ def test_sweep_finds_streams_and_makes_iepm_run_faster(
 ) -> None:
     lab = lab_factory(TOPOLOGY, prefix="tune")
     server = lab.popen("tgt", ["iperf3", "-s", "-B", lab.address("tgt")])
-    time.sleep(0.5)
+    lab.wait_listening("tgt")
     config_text = f"""
 [monitor]
 name = "labmon"

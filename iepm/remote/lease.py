@@ -1,0 +1,86 @@
+"""Server leases for probes: the ``ServerSource`` a caller (scheduler, CLI) puts in a probe's
+context for an agent or SSH target. A probe asks ``ctx.server(need)`` and gets an address and
+port for the length of its run; it never imports this package."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from iepm.errors import RemoteError
+from iepm.probes.base import ServerLease, ServerNeed, ServerSource
+from iepm.remote.access import AgentAccess, SshAccess
+from iepm.remote.protocol import SlotRequest
+
+
+def slot_request(need: ServerNeed, label: str | None = None) -> SlotRequest:
+    """What the agent needs to know (and checks against this monitor's limits)."""
+    return SlotRequest(
+        server=need.kind,
+        duration_s=need.duration_s,
+        omit_s=need.omit_s,
+        streams=need.streams,
+        window=None if need.window_bytes is None else str(need.window_bytes),
+        udp=need.udp,
+        rate=None if need.rate_bps is None else str(need.rate_bps),
+        reverse=need.reverse,
+        label=label,
+    )
+
+
+@dataclass(frozen=True)
+class AgentServers:
+    """Slots on the target's ``iepm agent``: it starts the server and holds it to the grant."""
+
+    access: AgentAccess
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self, need: ServerNeed, *, target: str, address: str, netns: str | None
+    ) -> AsyncIterator[ServerLease]:
+        from iepm.remote.client import AgentClient
+
+        client = AgentClient.from_access(self.access, netns=netns)
+        request = slot_request(need, target)
+        async with client.held(request, wait_s=self.access.slot_wait_s) as slot:
+            yield ServerLease(
+                address,
+                slot.port,
+                f"[agent {client.url}: slot {slot.slot_id}, port {slot.port}, server ready in "
+                f"{slot.ready_ms:.0f} ms, killed by the agent at +{slot.deadline_s:.0f} s]",
+            )
+
+
+@dataclass(frozen=True)
+class SshServers:
+    """Agentless: the monitor starts the server over SSH for each run and stops it after."""
+
+    access: SshAccess
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self, need: ServerNeed, *, target: str, address: str, netns: str | None
+    ) -> AsyncIterator[ServerLease]:
+        from iepm.remote import ssh
+
+        access = self.access
+        test_s = float(need.duration_s + need.omit_s)
+        async with ssh.server(access, need.kind, address, test_s, netns=netns) as server:
+            yield ServerLease(
+                address,
+                server.port,
+                f"[ssh {access.user}@{address}:{access.port}: {need.kind} -s on port "
+                f"{server.port} in {server.workdir} ready in {server.ready_ms:.0f} ms]",
+            )
+
+
+def server_source(access: AgentAccess | SshAccess | None) -> ServerSource | None:
+    """The lease source for a target's access mode (None: a plain endpoint, nothing to start)."""
+    if access is None:
+        return None
+    if isinstance(access, AgentAccess):
+        return AgentServers(access)
+    if isinstance(access, SshAccess):
+        return SshServers(access)
+    raise RemoteError(f"unknown remote access {type(access).__name__}")

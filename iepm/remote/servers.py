@@ -1,0 +1,175 @@
+"""The server kinds an agent can start for a slot, and how it holds each to what it granted.
+
+A kind says how to start its one-shot server (argv from the granted request, never from free
+text), how it says it is listening, and how to read its output while a test runs: a ``Guard``
+that names a reason to cut the test when what connects exceeds the grant. The next kinds
+(an xrootd server, a packet-pair receiver) are added to ``KINDS`` and nothing else.
+
+This module is the agent's and must not import the monitor's probes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one slot allows, in the units the guards compare: bytes, bit/s, seconds."""
+
+    streams: int
+    test_s: int
+    udp: bool
+    # Largest socket buffer a stream may use (granted window, else the monitor's max_window).
+    window_bytes: int
+    # The request named a window: buffers must stay at it (autotuning past it is a bigger window).
+    window_granted: bool
+    rate_bps: int | None
+
+
+class Guard(Protocol):
+    """Reads a running server's output, line by line."""
+
+    def line(self, line: bytes) -> str | None:
+        """A reason to cut the test now, or None."""
+        ...
+
+    def inspect_sockets(self, line: bytes) -> bool:
+        """Whether this line is a moment to compare the server's socket buffers with the grant
+        (a stream just connected, the test starts)."""
+        ...
+
+    def carries_data(self, peer_port: int) -> bool:
+        """Whether the connection from this client port is a test stream (a control
+        connection's buffers autotune freely and are not the test's window)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    name: str
+    # Program run when agent.toml names no other (``[agent] programs``).
+    program: str
+    version_argv: tuple[str, ...]
+    # A line of the server's output that says it accepts connections.
+    ready: bytes
+    # (program, port, bind address, total rate limit in bit/s) → the one-shot server's argv.
+    argv: Callable[[str, int, str | None, int | None], list[str]]
+    guard: Callable[[Grant], Guard]
+
+
+# --- iperf3 ------------------------------------------------------------------------------------
+
+IPERF3_STREAM = re.compile(rb"^\[\s*\d+\] local \S+ port \d+ connected to \S+ port (\d+)")
+# -V prints it once every stream is connected, just before the data flows.
+IPERF3_START = re.compile(
+    rb"^Starting Test: protocol: (?P<proto>\w+), (?P<streams>\d+) streams, .*?"
+    rb"omitting (?P<omit>\d+) seconds?, (?P<time>\d+) seconds? test"
+)
+
+
+def _iperf3_argv(program: str, port: int, bind: str | None, rate_bps: int | None) -> list[str]:
+    # -V: the server names each stream as it connects and the test's parameters as it starts.
+    argv = [program, "-s", "-1", "-V", "-p", str(port), "--forceflush"]
+    if bind is not None:
+        argv += ["-B", bind]
+    if rate_bps is not None:
+        # iperf3 ends a test whose average total rate exceeds this.
+        argv += ["--server-bitrate-limit", str(rate_bps)]
+    return argv
+
+
+class Iperf3Guard:
+    def __init__(self, grant: Grant) -> None:
+        self.grant = grant
+        self.peers: set[int] = set()
+
+    def line(self, line: bytes) -> str | None:
+        grant = self.grant
+        stream = IPERF3_STREAM.match(line)
+        if stream is not None:
+            self.peers.add(int(stream[1]))
+            if len(self.peers) > grant.streams:
+                return f"a stream beyond the {grant.streams} granted connected"
+            return None
+        start = IPERF3_START.match(line)
+        if start is None:
+            return None
+        streams = int(start["streams"])
+        if streams > grant.streams:
+            return f"the client runs {streams} streams, the slot granted {grant.streams}"
+        udp = start["proto"].upper() == b"UDP"
+        if udp != grant.udp:
+            ran, granted = ("UDP", "TCP") if udp else ("TCP", "UDP")
+            return f"the client runs {ran}, the slot granted {granted}"
+        test_s = int(start["time"]) + int(start["omit"])
+        if test_s > grant.test_s:
+            return f"the client runs a {test_s} s test, the slot granted {grant.test_s} s"
+        return None
+
+    def inspect_sockets(self, line: bytes) -> bool:
+        return bool(IPERF3_STREAM.match(line) or IPERF3_START.match(line))
+
+    def carries_data(self, peer_port: int) -> bool:
+        return peer_port in self.peers
+
+
+IPERF3 = ServerKind(
+    name="iperf3",
+    program="iperf3",
+    version_argv=("--version",),
+    ready=b"Server listening on",
+    argv=_iperf3_argv,
+    guard=Iperf3Guard,
+)
+
+KINDS: dict[str, ServerKind] = {kind.name: kind for kind in (IPERF3,)}
+DEFAULT_KIND = IPERF3.name
+
+
+def kind_of(name: str) -> ServerKind | None:
+    return KINDS.get(name)
+
+
+# --- socket buffers ----------------------------------------------------------------------------
+
+SKMEM = re.compile(r"skmem:\(([^)]*)\)")
+PEER_PORT = re.compile(r":(\d+)$")
+
+
+def buffer_sizes(ss_output: str) -> list[tuple[int, int, int]]:
+    """(peer port, receive buffer, send buffer) of each socket in ``ss -tumnH state
+    established`` output: a line ``tcp 0 0 LOCAL PEER`` then its ``skmem:(…rbN,…tbN…)``."""
+    sizes = []
+    peer = None
+    for line in ss_output.splitlines():
+        if line and not line[0].isspace():
+            fields = line.split()
+            found = PEER_PORT.search(fields[-1]) if fields else None
+            peer = int(found[1]) if found else None
+        skmem = SKMEM.search(line)
+        if skmem and peer is not None:
+            values = dict(re.findall(r"([a-z]+)(\d+)", skmem[1]))
+            if "rb" in values and "tb" in values:
+                sizes.append((peer, int(values["rb"]), int(values["tb"])))
+    return sizes
+
+
+def buffer_excess(
+    sizes: list[tuple[int, int, int]], guard: Guard, grant: Grant, defaults: tuple[int, int]
+) -> str | None:
+    """Why a test stream's buffers exceed the grant, or None. Linux doubles SO_RCVBUF and
+    SO_SNDBUF (a window W shows as 2W); an untouched socket starts at tcp_rmem/tcp_wmem's
+    default and, when the request named no window, may autotune up to their maximum
+    (``defaults``)."""
+    allowed = max(2 * grant.window_bytes, *defaults)
+    for peer, rb, tb in sizes:
+        if guard.carries_data(peer) and max(rb, tb) > allowed:
+            return (
+                f"a test stream uses a window of {max(rb, tb) // 2} bytes, the slot granted "
+                f"{grant.window_bytes}"
+            )
+    return None
