@@ -66,11 +66,13 @@ class Rule:
 
 def alert_rules() -> tuple[Rule, ...]:
     """One rule per registered metric that declares an alert: the watcher's defaults
-    (``ALERTING``) under the metric's own detector parameters."""
+    (``ALERTING``) under the metric's own detector parameters. Forecast (bandwidth) series come
+    first, then registry order: a reader that takes the first watched metric a table has (the
+    analysis CLI on an iperf3 export) picks throughput, not the UDP loss column beside it."""
+    alerting = [m for m in all_metrics().values() if m.alert is not None]
     return tuple(
         Rule(m.probe, m.key, {**ALERTING, **m.alert}, forecast=m.forecast)
-        for m in all_metrics().values()
-        if m.alert is not None
+        for m in sorted(alerting, key=lambda m: not m.forecast)  # stable: registry order kept
     )
 
 

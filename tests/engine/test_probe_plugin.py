@@ -229,9 +229,9 @@ def test_a_registered_probe_is_found_everywhere_without_another_edit(
 
         # An alert: a step in its metric, seen by a watcher as the scheduler's sees results.
         assert [r.probe for r in scheduler.alert_watcher.rules] == [  # type: ignore[union-attr]
-            "ping",
-            "ping",
             "iperf3",
+            "ping",
+            "ping",
             "tcpconnect",
         ]
         watcher = AlertWatcher(archive, "test-mon")
