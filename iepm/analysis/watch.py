@@ -66,11 +66,13 @@ class Rule:
 
 def alert_rules() -> tuple[Rule, ...]:
     """One rule per registered metric that declares an alert: the watcher's defaults
-    (``ALERTING``) under the metric's own detector parameters."""
+    (``ALERTING``) under the metric's own detector parameters. Forecast (bandwidth) series come
+    first, then registry order: a reader that takes the first watched metric a table has (the
+    analysis CLI on an iperf3 export) picks throughput, not the UDP loss column beside it."""
+    alerting = [m for m in all_metrics().values() if m.alert is not None]
     return tuple(
         Rule(m.probe, m.key, {**ALERTING, **m.alert}, forecast=m.forecast)
-        for m in all_metrics().values()
-        if m.alert is not None
+        for m in sorted(alerting, key=lambda m: not m.forecast)  # stable: registry order kept
     )
 
 
@@ -148,14 +150,18 @@ class AlertWatcher:
         self.store = store
         self.narrow = narrow
         self.forecasts = forecasts  # only the adaptive cadence needs them (~50 ms per sample)
-        # Derived when the watcher starts: probes registered by then are watched.
-        self.rules = alert_rules() if rules is None else tuple(rules)
+        # None: the registry's rules, read at each result (a probe registered later is watched).
+        self._rules = None if rules is None else tuple(rules)
         self.history = history
         self.tracks: dict[tuple[str, str, str], Track] = {}
         self.alerts: list[Alert] = []  # raised since this watcher started, oldest first
         self.cycle = 0
         self._routes: dict[str, Route] = {}
         self._suspect_until: dict[str, int] = {}
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return alert_rules() if self._rules is None else self._rules
 
     # -- the scheduler's hooks ---------------------------------------------------------------
 

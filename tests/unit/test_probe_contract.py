@@ -106,11 +106,12 @@ def test_the_metrics_keep_the_values_of_the_tables_they_replace() -> None:
         "load": (),
     }
     alerting = {"threshold": 5.0, "confirm": 3}
-    assert {(r.probe, r.metric): (r.detector, r.forecast) for r in alert_rules()} == {
-        ("iperf3", "throughput_bps"): ({"min_relative": 0.15, **alerting}, True),
-        ("ping", "rtt_avg_ms"): ({"min_relative": 0.05, "min_absolute": 0.5, **alerting}, False),
-        ("ping", "loss_percent"): ({"min_relative": 0.5, "min_absolute": 2.0, **alerting}, False),
-    }
+    # In RULES' order too (readers take the first watched metric a table has).
+    assert [(r.probe, r.metric, r.detector, r.forecast) for r in alert_rules()] == [
+        ("iperf3", "throughput_bps", {"min_relative": 0.15, **alerting}, True),
+        ("ping", "rtt_avg_ms", {"min_relative": 0.05, "min_absolute": 0.5, **alerting}, False),
+        ("ping", "loss_percent", {"min_relative": 0.5, "min_absolute": 2.0, **alerting}, False),
+    ]
     assert gating_probes() == ["ping"]
     assert default_probes() == ("ping", "traceroute", "iperf3")
     assert {n for n, p in PROBES.items() if p.META.server} == {"iperf3"}
