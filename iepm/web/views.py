@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from iepm.analysis.cause import hop_addresses, route_changes, route_text
 from iepm.export import escape_tsv, format_cell, verbatim
 from iepm.probes.base import Column
 from iepm.results import format_time
@@ -508,7 +509,7 @@ def route_map(traces: list[Any], throughput: dict[tuple[str, str], float]) -> di
                 trace.started_at,
                 trace.outcome.value,
                 1 if reached else 0,
-                route_of(trace.data),
+                route_text(hop_addresses(trace.data)),
                 mean,
             ]
         )
@@ -590,25 +591,15 @@ STAT_METRICS = [
 ]
 
 
-def route_of(data: dict[str, Any]) -> str:
-    """A traceroute's path as text: hop addresses in TTL order, ``*`` for a silent hop."""
-    hops = data.get("hops") or []
-    return " ".join(str(h.get("address") or "*") for h in hops if isinstance(h, dict))
-
-
-def route_changes(docs: list[tuple[datetime, str, dict[str, Any]]]) -> list[list[Any]]:
+def route_rows(docs: list[tuple[datetime, str, dict[str, Any]]]) -> list[list[Any]]:
     """[started_at, hop_count, route, changed] for each successful traceroute; ``changed`` is 1
-    when the route differs from the previous successful one."""
-    rows: list[list[Any]] = []
-    previous: str | None = None
-    for started, outcome, data in docs:
-        if outcome != "ok":
-            continue
-        route = route_of(data)
-        changed = previous is not None and route != previous
-        rows.append([started, data.get("hop_count"), route, 1 if changed else 0])
-        previous = route
-    return rows
+    when the route differs from the ones before it (a silent hop matches any address)."""
+    ok = [(started, data) for started, outcome, data in docs if outcome == "ok"]
+    routes = [hop_addresses(data) for _started, data in ok]
+    return [
+        [started, data.get("hop_count"), route_text(route), 1 if changed else 0]
+        for (started, data), route, changed in zip(ok, routes, route_changes(routes), strict=True)
+    ]
 
 
 def series_table(name: str, title: str, frame: Frame, keys: list[str], probe: str) -> Table:
@@ -755,7 +746,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
     ping = q.frame("ping", PING_KEYS, **window)
     iperf = q.frame("iperf3", IPERF_KEYS, **window)
     trace = q.frame("traceroute", ["hop_count"], **window)
-    routes = route_changes(q.documents("traceroute", **window))
+    routes = route_rows(q.documents("traceroute", **window))
     events = [r[0].timestamp() for r in routes if r[3]]
     alert_rows, alert_total = _alerts_of(q, target, now)
 

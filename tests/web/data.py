@@ -69,6 +69,11 @@ def _traceroute(monitor: str, target: str, when: datetime) -> Result:
     hops = ["192.0.2.1", "198.51.100.7", None, "203.0.113.9"]
     if target == "cern-1" and when >= ROUTE_CHANGE:
         hops = ["192.0.2.1", "198.51.100.99", "198.51.100.100", None, "203.0.113.9"]
+    return traceroute(monitor, target, when, hops)
+
+
+def traceroute(monitor: str, target: str, when: datetime, hops: list[str | None]) -> Result:
+    """A successful traceroute as the probe stores it (None: a silent hop, printed ``*``)."""
     data = {
         "reached": True,
         "destination_address": hops[-1],
