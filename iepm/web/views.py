@@ -257,6 +257,12 @@ def alerts_table(rows: list[dict[str, Any]], total: int, scope: str) -> Table:
     )
 
 
+def _points(data: Any) -> int | None:
+    """Points a study measured: the tuning layer writes ``data = {"points": [...]}``."""
+    points = data.get("points") if isinstance(data, dict) else None
+    return len(points) if isinstance(points, list) else None
+
+
 def studies_table(rows: list[dict[str, Any]], total: int) -> Table:
     return Table(
         "studies",
@@ -277,7 +283,7 @@ def studies_table(rows: list[dict[str, Any]], total: int) -> Table:
                 r["kind"],
                 r["monitor"],
                 1 if r["partial"] else 0,
-                len(r["data"]) if isinstance(r["data"], list | dict) else None,
+                _points(r["data"]),
                 _facts_text(r["summary"]),
             ]
             for r in rows

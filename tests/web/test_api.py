@@ -468,10 +468,10 @@ def test_alerts_on_overview_and_target_page(client: TestClient, archive: Archive
     studies = csv_rows(client, f"/targets/cern-1/tables/studies?until={END}")
     assert [(r["kind"], r["partial"], r["points"]) for r in studies] == [
         ("duration", "1", "1"),
-        ("tuning", "0", "4"),
+        ("sweep", "0", "4"),
     ]
     assert "window=4M" in studies[1]["summary"]
-    api = client.get("/api/v1/studies?target=cern-1&kind=tuning").json()
+    api = client.get("/api/v1/studies?target=cern-1&kind=sweep").json()
     assert api["total"] == 1 and api["studies"][0]["summary"] == {"window": "4M", "streams": 4}
 
 
