@@ -53,6 +53,9 @@ SWITCH_INTERVAL_S = 0.0005
 INLINE_LIMIT = 1000  # /api/v1/results pages up to this size are built on the event loop
 # Offsets beyond this are refused: SQLite's integers are 64-bit and nobody pages that far.
 MAX_OFFSET = 1_000_000_000
+# How far before and after a given since/until the pages read (a year back, minutes ahead).
+EARLIEST_MARGIN = timedelta(days=800)
+LATEST_MARGIN = timedelta(days=1)
 PROBE_NAMES = ("ping", "traceroute", "iperf3", "load")
 
 MetricName = StrEnum("MetricName", {name: name for name in METRICS})  # type: ignore[misc]
@@ -72,6 +75,24 @@ class View(StrEnum):
 class TableFormat(StrEnum):
     csv = "csv"
     tsv = "tsv"
+
+
+class Problem(BaseModel):
+    """Every error answer: one readable line (several problems joined by "; ")."""
+
+    detail: str = Field(description='what was wrong, e.g. "query.since: Input should be …"')
+
+
+def _problem(description: str) -> dict[str, Any]:
+    # Inline JSON, not {"model": Problem}: FastAPI would file the schema under an HTML
+    # page's own media type, while errors are always JSON.
+    schema = {"application/json": {"schema": Problem.model_json_schema()}}
+    return {"description": description, "content": schema}
+
+
+INVALID = {422: _problem("Invalid input: a parameter out of its type or range")}
+UNAVAILABLE = {503: _problem("The archive cannot be read right now")}
+UNKNOWN = {404: _problem("Unknown target (no result for it in the archive), monitor or table")}
 
 
 class Health(BaseModel):
@@ -183,10 +204,17 @@ def _utc(moment: datetime | None, name: str) -> datetime | None:
     try:
         moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
         moment = moment.astimezone(UTC)
-        # Windows reach back a year from the moment given; refuse ones that cannot.
-        moment - timedelta(days=800)
+        # Windows reach back a year from the moment given and a few minutes past it (the
+        # overview's latest results): refuse moments where either overflows.
+        moment - EARLIEST_MARGIN
+        moment + LATEST_MARGIN
     except (OverflowError, ValueError):
-        raise HTTPException(422, f"{name}: {moment.isoformat()} is out of range") from None
+        first, last = datetime.min + EARLIEST_MARGIN, datetime.max - LATEST_MARGIN
+        raise HTTPException(
+            422,
+            f"{name}: {moment.isoformat()} is out of range "
+            f"(from {first:%Y-%m-%d} to {last:%Y-%m-%d})",
+        ) from None
     return moment
 
 
@@ -259,6 +287,7 @@ def create_app(
 
     app = FastAPI(
         lifespan=lifespan,
+        responses={**INVALID, **UNAVAILABLE},
         title="iepm",
         version=__version__,
         description=(
@@ -361,7 +390,9 @@ def create_app(
         # Everyone lands here: the rendered page is shared (refreshed every cache_ttl_s).
         return queries.cached(("overview-html",), render)
 
-    @app.get("/tables/{name}", summary="Download an overview table", tags=["pages"])
+    @app.get(
+        "/tables/{name}", summary="Download an overview table", tags=["pages"], responses=UNKNOWN
+    )
     def overview_table(
         name: str, format: TableFormat = TableFormat.csv, until: Until = None
     ) -> Response:
@@ -370,7 +401,11 @@ def create_app(
         return download(table, format, f"until={format_time(now)}", "overview")
 
     @app.get(
-        "/targets/{target}", response_class=HTMLResponse, summary="Target page", tags=["pages"]
+        "/targets/{target}",
+        response_class=HTMLResponse,
+        summary="Target page",
+        tags=["pages"],
+        responses=UNKNOWN,
     )
     async def target_page(
         request: Request, target: str, monitor: str | None = None, until: Until = None
@@ -412,7 +447,10 @@ def create_app(
         )
 
     @app.get(
-        "/targets/{target}/tables/{name}", summary="Download a target-page table", tags=["pages"]
+        "/targets/{target}/tables/{name}",
+        summary="Download a target-page table",
+        tags=["pages"],
+        responses=UNKNOWN,
     )
     def target_table(
         target: str,
@@ -436,6 +474,7 @@ def create_app(
         response_class=HTMLResponse,
         summary="Aggregation views",
         tags=["pages"],
+        responses=UNKNOWN,
     )
     def aggregate_page(
         request: Request,
@@ -462,7 +501,10 @@ def create_app(
         )
 
     @app.get(
-        "/aggregate/{target}/tables/{name}", summary="Download an aggregation table", tags=["pages"]
+        "/aggregate/{target}/tables/{name}",
+        summary="Download an aggregation table",
+        tags=["pages"],
+        responses=UNKNOWN,
     )
     def aggregate_table(
         target: str,
@@ -498,7 +540,13 @@ def create_app(
             lambda end: views.compare_page(queries, x, y, mode, target, end),  # type: ignore[arg-type]
         )
 
-    @app.get("/compare", response_class=HTMLResponse, summary="Compare two metrics", tags=["pages"])
+    @app.get(
+        "/compare",
+        response_class=HTMLResponse,
+        summary="Compare two metrics",
+        tags=["pages"],
+        responses=UNKNOWN,
+    )
     def compare_page(
         request: Request,
         x: MetricName = MetricName["ping.rtt_avg_ms"],  # type: ignore[valid-type]
@@ -514,7 +562,12 @@ def create_app(
             {**data, "until": until, "all_metrics": list(METRICS), "targets": queries.targets()},
         )
 
-    @app.get("/compare/tables/{name}", summary="Download the compare data", tags=["pages"])
+    @app.get(
+        "/compare/tables/{name}",
+        summary="Download the compare data",
+        tags=["pages"],
+        responses=UNKNOWN,
+    )
     def compare_table(
         name: str,
         format: TableFormat = TableFormat.csv,
@@ -554,13 +607,15 @@ def create_app(
 
         return queries.cached(("api-targets",), compute)
 
-    @app.get("/api/v1/targets/{target}", response_model=list[TargetInfo], tags=["api"])
+    @app.get(
+        "/api/v1/targets/{target}", response_model=list[TargetInfo], tags=["api"], responses=UNKNOWN
+    )
     def api_target(target: str) -> list[TargetInfo]:
         """One target's monitors and probes; 404 when the archive has no result for it."""
         known_target(target)
         return _target_infos(queries, target)
 
-    @app.get("/api/v1/results", response_model=ResultsPage, tags=["api"])
+    @app.get("/api/v1/results", response_model=ResultsPage, tags=["api"], responses=UNKNOWN)
     async def api_results(
         probe: ProbeName | None = None,  # type: ignore[valid-type]
         target: str | None = None,
@@ -599,7 +654,7 @@ def create_app(
         body = page() if limit <= INLINE_LIMIT else await run_in_threadpool(page)
         return Response(body, media_type="application/json")
 
-    @app.get("/api/v1/latest", response_model=list[Result], tags=["api"])
+    @app.get("/api/v1/latest", response_model=list[Result], tags=["api"], responses=UNKNOWN)
     def api_latest(
         probe: ProbeName | None = None,  # type: ignore[valid-type]
         target: str | None = None,
@@ -612,7 +667,7 @@ def create_app(
         start = _utc(since, "since") or datetime.now(UTC) - views.HISTORY
         return queries.latest(probe.value if probe else None, target, start)
 
-    @app.get("/api/v1/aggregates", response_model=Aggregates, tags=["api"])
+    @app.get("/api/v1/aggregates", response_model=Aggregates, tags=["api"], responses=UNKNOWN)
     def api_aggregates(
         target: str,
         metric: MetricName,  # type: ignore[valid-type]
@@ -638,7 +693,7 @@ def create_app(
             target=target, monitor=monitor, metric=m.name, period=period, buckets=buckets
         )
 
-    @app.get("/api/v1/alerts", response_model=AlertsPage, tags=["api"])
+    @app.get("/api/v1/alerts", response_model=AlertsPage, tags=["api"], responses=UNKNOWN)
     def api_alerts(
         target: str | None = None,
         monitor: str | None = None,
@@ -665,7 +720,7 @@ def create_app(
         alerts = [Alert(**_times(r, "detected_at", "change_at", "delivered_at")) for r in rows]
         return AlertsPage(total=total, limit=limit, offset=offset, alerts=alerts)
 
-    @app.get("/api/v1/studies", response_model=StudiesPage, tags=["api"])
+    @app.get("/api/v1/studies", response_model=StudiesPage, tags=["api"], responses=UNKNOWN)
     def api_studies(
         target: str | None = None,
         kind: str | None = None,
