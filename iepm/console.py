@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 from rich.text import Text
 
+from iepm.probes import PROBES
 from iepm.results import Outcome, Result
 
 OUTCOME_STYLE = {
@@ -17,46 +16,15 @@ OUTCOME_STYLE = {
 }
 
 
-def _num(value: Any, fmt: str = ".3g") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def mbps(bps: float | None) -> str:
-    return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
-
-
 def summary(result: Result) -> str:
-    """The figures a person looks at first, per probe."""
+    """The figures a person looks at first: the probe's own one-line summary."""
     d = result.data
     if not result.succeeded and not d:
         return result.error or result.outcome.value
-    if result.probe == "ping":
-        return (
-            f"rtt min/avg/max {_num(d.get('rtt_min_ms'))}/{_num(d.get('rtt_avg_ms'))}/"
-            f"{_num(d.get('rtt_max_ms'))} ms, loss {_num(d.get('loss_percent'))}% "
-            f"({d.get('packets_received', '-')}/{d.get('packets_sent', '-')})"
-        )
-    if result.probe == "traceroute":
-        hops = d.get("hops") or []
-        path = " > ".join(h.get("address") or "*" for h in hops)
-        reached = "reached" if d.get("reached") else "NOT reached"
-        return f"{len(hops)} hops, {reached}: {path}"
-    if result.probe == "iperf3":
-        text = (
-            f"{mbps(d.get('throughput_bps'))} received, {mbps(d.get('sender_throughput_bps'))} "
-            f"sent, retransmits {d.get('retransmits', '-')}"
-        )
-        if d.get("mean_rtt_ms") is not None:
-            text += f", rtt {_num(d.get('mean_rtt_ms'))} ms"
-        if d.get("jitter_ms") is not None:
-            text += f", jitter {_num(d.get('jitter_ms'))} ms, loss {_num(d.get('loss_percent'))}%"
-        return text
-    if result.probe == "load":
-        load = d.get("loadavg") or [d.get("load_1m"), d.get("load_5m"), d.get("load_15m")]
-        return (
-            f"load {' '.join(_num(x, '.2f') for x in load)}, {d.get('cpu_count', '-')} CPUs "
-            f"@ {_num(d.get('cpu_mhz'), '.0f')} MHz, cc {d.get('tcp_congestion_control', '-')}"
-        )
+    probe = PROBES.get(result.probe)
+    if probe is not None:
+        return probe.summary(d)
+    # A result of a probe this monitor does not know (an archive from elsewhere).
     return ", ".join(f"{k}={v}" for k, v in d.items() if not isinstance(v, list | dict))
 
 

@@ -1,18 +1,26 @@
-"""What every probe module shares: its metadata, the run context and the execute step.
+"""What every probe module shares: its contract (:class:`Probe`), its self-description
+(:class:`ProbeMeta`, :class:`Metric`, :class:`Column`), the run context and the execute step.
 
 A probe module exposes::
 
     NAME: str                       # "ping"
     TOOL: str                       # program it drives, "ping"
-    META: ProbeMeta                 # scheduling class and how to ask the tool its version
+    META: ProbeMeta                 # scheduling class, gate, server kind, default, version argv
+    METRICS: tuple[Metric, ...]     # the scalars of ``data`` that views plot, roll up, alert on
     COLUMNS: list[Column]           # scalar fields of ``data`` exported as table columns
-    class Spec(ProbeSpec)           # pydantic parameters, with deadline_s()
+    class Spec(ProbeSpec)           # pydantic parameters (each with description and range),
+                                    # with deadline_s(); a field's CLI option name may be given
+                                    # as json_schema_extra={"cli": "interval"}
     def build_argv(spec, address) -> list[str]
     def parse(raw: RawRun, spec: Spec | None = None) -> dict
                                     # pure: the same output and spec give the same data;
                                     # raises ParseError / ToolFailed
     def check(data, spec) -> str | None   # why a parsed run is still a failure, or None
+    def summary(data) -> str        # one readable line of a run's figures (console, demo)
     async def run(spec, ctx) -> Result    # usually: return await execute(<module>, spec, ctx)
+
+Everything else (config tables, ``iepm probe NAME``, charts, ``/metrics``, the daily rollup,
+alert rules, console lines) is derived from these through :data:`iepm.probes.PROBES`.
 """
 
 from __future__ import annotations
@@ -20,9 +28,9 @@ from __future__ import annotations
 import shlex
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -35,15 +43,56 @@ if TYPE_CHECKING:
     from iepm.config import AgentAccess, SshAccess
 
 Scheduling = Literal["exclusive", "background"]
+Better = Literal["higher", "lower"]
 
 
 @dataclass(frozen=True)
 class ProbeMeta:
-    """``exclusive`` probes (bandwidth tests) run one at a time on a monitor; ``background``
+    """How a probe is scheduled and what it needs.
+
+    ``exclusive`` probes (bandwidth tests) run one at a time on a monitor; ``background``
     probes (ping, load) may overlap each other."""
 
     scheduling: Scheduling
     version_argv: tuple[str, ...] | None = None
+    # A failed run of a gating probe skips the target's exclusive probes that cycle (when the
+    # target's ping_expected is true): no bandwidth test towards a path that is down.
+    gates: bool = False
+    # Kind of server the probe needs on the target ("iperf3"), leased through the run
+    # context; None: the target only has to answer (ping, traceroute).
+    server: str | None = None
+    # In a target's probe list when targets.toml gives none.
+    default: bool = False
+    # Measures the monitor host itself (load): ``iepm probe NAME`` then takes no TARGET.
+    local: bool = False
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One scalar of a probe's ``data`` that views plot (unit in the key, as stored).
+
+    ``to_base``/``base_unit``: factor to the Prometheus base unit (ms → s 1e-3, percent →
+    ratio 1e-2) and that unit's name. ``rollup``: summarised per day (long-term views).
+    ``alert``: parameters of the step detector that turns a change into an alert (None: no
+    alert); ``forecast``: the watcher forecasts it (the adaptive cadence). ``headline``: the
+    overview grid colours paths by it. ``failed_runs``: a failed run's value is still a sample
+    (a ping with no reply at all is 100% loss; a failed iperf3 has no throughput, not 0)."""
+
+    probe: str
+    key: str
+    label: str
+    better: Better
+    to_base: float = 1.0
+    base_unit: str = ""
+    rollup: bool = False
+    alert: dict[str, float | int] | None = field(default=None, hash=False, compare=False)
+    forecast: bool = False
+    headline: bool = False
+    failed_runs: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.probe}.{self.key}"
 
 
 @dataclass(frozen=True)
@@ -54,6 +103,11 @@ class Column:
     description: str
 
 
+def figure(value: Any, fmt: str = ".3g") -> str:
+    """A number for a summary line; "-" when the run has none."""
+    return "-" if value is None else format(value, fmt)
+
+
 class ProbeSpec(BaseModel):
     """Base for probe parameters: unknown fields are errors, not silently ignored."""
 
@@ -61,6 +115,35 @@ class ProbeSpec(BaseModel):
 
     def deadline_s(self) -> float:
         raise NotImplementedError
+
+
+class Probe(Protocol):
+    """The contract of a probe module (see the module docstring); modules satisfy it as they
+    are, so :data:`iepm.probes.PROBES` is typed without a base class."""
+
+    NAME: str
+    TOOL: str
+    META: ProbeMeta
+    METRICS: tuple[Metric, ...]
+    COLUMNS: Sequence[Column]
+    Spec: type[ProbeSpec]
+
+    def build_argv(self, spec: Any, address: str) -> list[str]: ...
+
+    def parse(self, raw: RawRun, spec: Any = None) -> dict[str, Any]: ...
+
+    def check(self, data: dict[str, Any], spec: Any) -> str | None: ...
+
+    def summary(self, data: dict[str, Any]) -> str: ...
+
+    async def run(self, spec: Any, ctx: ProbeContext) -> Result: ...
+
+
+# What register() checks a module has (the Protocol's members).
+CONTRACT = (
+    "NAME", "TOOL", "META", "METRICS", "COLUMNS", "Spec",
+    "build_argv", "parse", "check", "summary", "run",
+)  # fmt: skip
 
 
 @dataclass

@@ -44,18 +44,44 @@ from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed
 from iepm.probes import load
 from iepm.probes.base import (
     Column,
+    Metric,
     ProbeContext,
     ProbeMeta,
     ProbeSpec,
     execute,
     failed_result,
+    figure,
 )
 from iepm.results import Result
 from iepm.runner import RawRun
 
 NAME = "iperf3"
 TOOL = "iperf3"
-META = ProbeMeta(scheduling="exclusive", version_argv=("iperf3", "--version"))
+META = ProbeMeta(
+    scheduling="exclusive",
+    version_argv=("iperf3", "--version"),
+    server="iperf3",
+    default=True,
+)
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        NAME,
+        "throughput_bps",
+        "throughput (bit/s)",
+        "higher",
+        1.0,
+        "bits_per_second",
+        rollup=True,
+        # A change must be >= 15% of the throughput to reach people.
+        alert={"min_relative": 0.15},
+        forecast=True,
+        headline=True,
+    ),
+    Metric(NAME, "retransmits", "retransmits", "lower", rollup=True),
+    Metric(NAME, "mean_rtt_ms", "TCP RTT (ms)", "lower", 1e-3, "seconds"),
+    Metric(NAME, "window_bytes", "window (bytes)", "higher", 1.0, "bytes"),
+    Metric(NAME, "stream_count", "streams", "higher"),
+)
 DEFAULT_PORT = 5201
 
 COLUMNS = [
@@ -241,6 +267,23 @@ async def run(spec: Spec, ctx: ProbeContext) -> Result:
 
 # ---------------------------------------------------------------------------------------------
 # parse / check
+
+
+def summary(data: dict[str, Any]) -> str:
+    d = data
+    text = (
+        f"{mbps(d.get('throughput_bps'))} received, {mbps(d.get('sender_throughput_bps'))} "
+        f"sent, retransmits {d.get('retransmits', '-')}"
+    )
+    if d.get("mean_rtt_ms") is not None:
+        text += f", rtt {figure(d.get('mean_rtt_ms'))} ms"
+    if d.get("jitter_ms") is not None:
+        text += f", jitter {figure(d.get('jitter_ms'))} ms, loss {figure(d.get('loss_percent'))}%"
+    return text
+
+
+def mbps(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
 
 
 def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:

@@ -28,13 +28,23 @@ from typing import Any
 from pydantic import Field
 
 from iepm.errors import ParseError, ToolFailed
-from iepm.probes.base import Column, ProbeContext, ProbeMeta, ProbeSpec, execute
+from iepm.probes.base import (
+    Column,
+    Metric,
+    ProbeContext,
+    ProbeMeta,
+    ProbeSpec,
+    execute,
+    figure,
+)
 from iepm.results import Result
 from iepm.runner import RawRun
 
 NAME = "load"
 TOOL = "procfs"
-META = ProbeMeta(scheduling="background", version_argv=None)
+META = ProbeMeta(scheduling="background", version_argv=None, local=True)
+# Host facts explain other probes' results (analysis.cause); none is plotted on its own.
+METRICS: tuple[Metric, ...] = ()
 
 LOADAVG = "/proc/loadavg"
 CPUINFO = "/proc/cpuinfo"
@@ -210,6 +220,15 @@ def check(data: dict[str, Any], spec: Spec) -> str | None:
         reason = (data.get("unreadable") or {}).get(LOADAVG, "missing from the snapshot")
         return f"could not read the load average from {LOADAVG}: {reason}"
     return None
+
+
+def summary(data: dict[str, Any]) -> str:
+    d = data
+    load = [d.get("load_avg_1m"), d.get("load_avg_5m"), d.get("load_avg_15m")]
+    return (
+        f"load {' '.join(figure(x, '.2f') for x in load)}, {d.get('cpu_count', '-')} CPUs "
+        f"@ {figure(d.get('cpu_mhz'), '.0f')} MHz, cc {d.get('tcp_congestion_control', '-')}"
+    )
 
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:

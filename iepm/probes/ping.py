@@ -41,13 +41,52 @@ from typing import Any, NoReturn
 from pydantic import Field, model_validator
 
 from iepm.errors import ParseError, ToolFailed
-from iepm.probes.base import Column, ProbeContext, ProbeMeta, ProbeSpec, execute
+from iepm.probes.base import (
+    Column,
+    Metric,
+    ProbeContext,
+    ProbeMeta,
+    ProbeSpec,
+    execute,
+    figure,
+)
 from iepm.results import Result
 from iepm.runner import RawRun
 
 NAME = "ping"
 TOOL = "ping"
-META = ProbeMeta(scheduling="background", version_argv=("ping", "-V"))
+META = ProbeMeta(scheduling="background", version_argv=("ping", "-V"), gates=True, default=True)
+
+# Alert floors keep alerts meaningful to people: a change of >= 5% and >= 0.5 ms of the RTT,
+# >= 2 percentage points of loss (relative: half the old level).
+METRICS: tuple[Metric, ...] = (
+    Metric(NAME, "rtt_min_ms", "RTT min (ms)", "lower", 1e-3, "seconds", rollup=True),
+    Metric(
+        NAME,
+        "rtt_avg_ms",
+        "RTT avg (ms)",
+        "lower",
+        1e-3,
+        "seconds",
+        rollup=True,
+        alert={"min_relative": 0.05, "min_absolute": 0.5},
+        headline=True,
+    ),
+    Metric(NAME, "rtt_max_ms", "RTT max (ms)", "lower", 1e-3, "seconds", rollup=True),
+    Metric(NAME, "rtt_mdev_ms", "RTT mdev (ms)", "lower", 1e-3, "seconds"),
+    Metric(
+        NAME,
+        "loss_percent",
+        "loss (%)",
+        "lower",
+        1e-2,
+        "ratio",
+        rollup=True,
+        alert={"min_relative": 0.5, "min_absolute": 2.0},
+        headline=True,
+        failed_runs=True,  # no reply at all is a sample of 100% loss
+    ),
+)
 
 COLUMNS = [
     Column("packets_sent", "echo requests sent (after discard_first)"),
@@ -490,6 +529,15 @@ def check(data: dict[str, Any], spec: Spec) -> str | None:
     return (
         f"{head} — host down, or ICMP filtered; set ping_expected=false for this target if "
         "it never answers ping"
+    )
+
+
+def summary(data: dict[str, Any]) -> str:
+    d = data
+    return (
+        f"rtt min/avg/max {figure(d.get('rtt_min_ms'))}/{figure(d.get('rtt_avg_ms'))}/"
+        f"{figure(d.get('rtt_max_ms'))} ms, loss {figure(d.get('loss_percent'))}% "
+        f"({d.get('packets_received', '-')}/{d.get('packets_sent', '-')})"
     )
 
 

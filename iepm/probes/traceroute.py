@@ -27,13 +27,14 @@ from typing import Any, Literal, NoReturn
 from pydantic import Field, model_validator
 
 from iepm.errors import ParseError, ToolFailed
-from iepm.probes.base import Column, ProbeContext, ProbeMeta, ProbeSpec, execute
+from iepm.probes.base import Column, Metric, ProbeContext, ProbeMeta, ProbeSpec, execute
 from iepm.results import Result
 from iepm.runner import RawRun
 
 NAME = "traceroute"
 TOOL = "traceroute"
-META = ProbeMeta(scheduling="background", version_argv=("traceroute", "--version"))
+META = ProbeMeta(scheduling="background", version_argv=("traceroute", "--version"), default=True)
+METRICS: tuple[Metric, ...] = (Metric(NAME, "hop_count", "hops", "lower", rollup=True),)
 
 COLUMNS = [
     Column("reached", "the last hop answered from the destination address"),
@@ -364,6 +365,13 @@ def check(data: dict[str, Any], spec: Spec) -> str | None:
         f"hop {seen['ttl']} ({seen['address']}), the hops after it are silent — a firewall "
         f"may drop {spec.method} probes; try method={other}"
     )
+
+
+def summary(data: dict[str, Any]) -> str:
+    hops = data.get("hops") or []
+    path = " > ".join(h.get("address") or "*" for h in hops)
+    reached = "reached" if data.get("reached") else "NOT reached"
+    return f"{len(hops)} hops, {reached}: {path}"
 
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
