@@ -319,6 +319,7 @@ def run_demo(
     """The ``iepm demo`` command: start, serve, measure until Ctrl-C (or ``cycles`` cycles),
     then tear everything down."""
     from iepm.web.cli import parse_listen
+    from iepm.web.places import places_of
     from iepm.web.server import serve_in_background
 
     host, port = parse_listen(listen)
@@ -339,7 +340,11 @@ def run_demo(
             scheduler = demo.open(on_result)
             if serve:
                 server = serve_in_background(
-                    demo.config.monitor.archive, host, port, health=scheduler.health
+                    demo.config.monitor.archive,
+                    host,
+                    port,
+                    health=scheduler.health,
+                    places=places_of(demo.config),
                 )
                 demo.stack.callback(server.stop)
                 console.print(f"iepm demo: dashboard at {server.url}  (Ctrl-C stops the demo)")

@@ -32,6 +32,9 @@ from iepm.store import Archive
 from iepm.store.schema import tuned_params
 
 Route = list[str | None]
+# The probes whose results are a path's route and a host's facts (what a cause is looked for in).
+ROUTE_PROBE = "traceroute"
+HOST_PROBE = "load"
 HOST_FACTS = (
     "kernel_release",
     "cpu_count",
@@ -168,12 +171,12 @@ class _Windows:
 
 def _route_evidence(w: _Windows) -> dict[str, Any] | None:
     before = next(
-        ((r, route) for r in w.before("traceroute") if (route := route_of(r)) is not None), None
+        ((r, route) for r in w.before(ROUTE_PROBE) if (route := route_of(r)) is not None), None
     )
     if before is None:
         return None
     old_result, old = before
-    new = [(r, route) for r in w.after("traceroute") if (route := route_of(r)) is not None]
+    new = [(r, route) for r in w.after(ROUTE_PROBE) if (route := route_of(r)) is not None]
     changed = [(r, route) for r, route in new if not same_route(old, route)]
     if not changed:
         return None
@@ -189,11 +192,11 @@ def _route_evidence(w: _Windows) -> dict[str, Any] | None:
 
 
 def _host_evidence(w: _Windows) -> dict[str, Any] | None:
-    before = next(((r, f) for r in w.before("load") if (f := host_facts(r)) is not None), None)
+    before = next(((r, f) for r in w.before(HOST_PROBE) if (f := host_facts(r)) is not None), None)
     if before is None:
         return None
     old_result, old = before
-    for r in reversed(w.after("load")):
+    for r in reversed(w.after(HOST_PROBE)):
         facts = host_facts(r)
         if facts is None:
             continue

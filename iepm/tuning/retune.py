@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from iepm.analysis.cause import Route, route_of, same_route
+from iepm.analysis.cause import ROUTE_PROBE, Route, route_of, same_route
 from iepm.results import utcnow
 from iepm.store import Archive
 from iepm.store.schema import alerts
@@ -17,7 +17,7 @@ from iepm.tuning.store import list_studies
 
 def latest_route(archive: Archive, target: str) -> Route | None:
     """The route of the latest successful traceroute to ``target`` (among its last 20), if any."""
-    for result in archive.results(probe="traceroute", target=target, limit=20, order="desc"):
+    for result in archive.results(probe=ROUTE_PROBE, target=target, limit=20, order="desc"):
         route = route_of(result)
         if route is not None:
             return route

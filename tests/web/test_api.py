@@ -360,13 +360,15 @@ def test_tsv_download_documents_its_columns(client: TestClient) -> None:
     assert lines[0].startswith("# iepm iperf3 results: target=cern-1 monitor=slac-mon")
     assert "# throughput_bps: receiver-side throughput, bit/s" in lines
     header = next(line for line in lines if not line.startswith("#"))
+    # Every metric the iperf3 probe declares, in its order (the probe registry's).
     assert header.split("\t") == [
         "started_at",
         "outcome",
         "throughput_bps",
+        "retransmits",
+        "mean_rtt_ms",
         "window_bytes",
         "stream_count",
-        "retransmits",
     ]
 
 
