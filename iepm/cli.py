@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import sys
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import typer
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 from rich.console import Console
 from rich.live import Live
+from typer.core import TyperGroup
 
 from iepm import __version__
 from iepm.config import Config, load_config
 from iepm.errors import IepmError
 from iepm.probes import PROBES, get_probe
-from iepm.probes.base import ProbeContext, ProbeSpec, result_from_raw
+from iepm.probes.base import Probe, ProbeContext, ProbeSpec, result_from_raw
 from iepm.rawlog import RawLog
 from iepm.results import Result
 from iepm.runner import RawRun
@@ -30,7 +35,22 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-probe_app = typer.Typer(help="Run one measurement now and print the result.", no_args_is_help=True)
+
+
+class _ProbeCommands(TyperGroup):
+    """``iepm probe``: one command per registered probe, built when asked for (so a probe
+    registered at run time has its command) from the probe's Spec (_probe_command)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(PROBES)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        return _probe_command(PROBES[cmd_name]) if cmd_name in PROBES else None
+
+
+probe_app = typer.Typer(
+    cls=_ProbeCommands, help="Run one measurement now and print the result.", no_args_is_help=True
+)
 app.add_typer(probe_app, name="probe")
 
 console = Console()
@@ -49,6 +69,11 @@ LogDirOpt = Annotated[
 StoreOpt = Annotated[
     str | None, typer.Option("--store", help="Also write the result to this archive URL.")
 ]
+TargetArg = Annotated[
+    str, typer.Argument(help="Address, host name, or target name (--config).", show_default=False)
+]
+# Options every probe command has: no Spec field may take their names.
+COMMON_OPTIONS = ("json", "netns", "config", "log-dir", "store", "help")
 
 
 class OutputFormat(StrEnum):
@@ -130,143 +155,93 @@ def _print_result(result: Result, as_json: bool) -> None:
         console.print(describe(result), end="")
 
 
-@probe_app.command("ping")
-def probe_ping(
-    target: Annotated[str, typer.Argument(help="Address, host name, or target name (--config).")],
-    count: Annotated[int | None, typer.Option(help="Echo requests to send [10].")] = None,
-    interval: Annotated[float | None, typer.Option(help="Seconds between requests [1.0].")] = None,
-    size: Annotated[int | None, typer.Option(help="Payload bytes [56].")] = None,
-    deadline: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
-    discard_first: Annotated[
-        int | None, typer.Option(help="Leave the first N replies out of the statistics.")
-    ] = None,
-    as_json: JsonOpt = False,
-    netns: NetnsOpt = None,
-    config: ConfigOpt = None,
-    log_dir: LogDirOpt = None,
-    store: StoreOpt = None,
-) -> None:
-    """RTT and loss with iputils ping."""
-    options = {
-        "count": count,
-        "interval_s": interval,
-        "size_bytes": size,
-        "deadline": deadline,
-        "discard_first": discard_first,
-    }
-    _run_probe(
-        "ping",
-        target,
-        options,
-        as_json=as_json,
-        netns=netns,
-        config_path=config,
-        log_dir=log_dir,
-        store=store,
+def _probe_command(probe: Probe) -> Any:
+    """``iepm probe NAME``, generated from the probe's Spec: one option per field (its CLI
+    name from ``json_schema_extra={"cli": ...}``, else the field's name), with the field's
+    description, range and default in --help. Unset options leave the config's values."""
+    params: list[inspect.Parameter] = []
+    if not probe.META.local:
+        params.append(_keyword("target", TargetArg, inspect.Parameter.empty))
+    fields: dict[str, str] = {}  # parameter name → Spec field
+    for name, info in probe.Spec.model_fields.items():
+        cli = _cli_name(name, info)
+        if cli in COMMON_OPTIONS:
+            raise ValueError(f"probe {probe.NAME!r}: field {name!r} takes the CLI name --{cli}")
+        fields[f"spec_{name}"] = name
+        params.append(_keyword(f"spec_{name}", _option_type(info, cli), None))
+    params += [
+        _keyword("as_json", JsonOpt, False),
+        _keyword("netns", NetnsOpt, None),
+        *([] if probe.META.local else [_keyword("config", ConfigOpt, None)]),
+        _keyword("log_dir", LogDirOpt, None),
+        _keyword("store", StoreOpt, None),
+    ]
+
+    def command(**given: Any) -> None:
+        target = given.get("target")
+        if target is None:  # a probe of this host
+            import socket
+
+            target = socket.gethostname()
+        _run_probe(
+            probe.NAME,
+            target,
+            {field: given[param] for param, field in fields.items()},
+            as_json=given["as_json"],
+            netns=given["netns"],
+            config_path=given.get("config"),
+            log_dir=given["log_dir"],
+            store=given["store"],
+        )
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    # The first paragraph of the module's docstring says what the probe measures.
+    doc = (getattr(probe, "__doc__", None) or probe.NAME).strip().split("\n\n")[0]
+    one = typer.Typer(add_completion=False)
+    one.command(probe.NAME, help=doc.replace("``", ""))(command)
+    return typer.main.get_command(one)
+
+
+def _keyword(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
     )
 
 
-class TracerouteMethod(StrEnum):
-    icmp = "icmp"
-    udp = "udp"
-    tcp = "tcp"
+def _cli_name(field: str, info: FieldInfo) -> str:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return str(extra.get("cli") or field).replace("_", "-")
 
 
-@probe_app.command("traceroute")
-def probe_traceroute(
-    target: Annotated[str, typer.Argument(help="Address, host name, or target name (--config).")],
-    max_hops: Annotated[int | None, typer.Option(help="Largest TTL [30].")] = None,
-    queries: Annotated[int | None, typer.Option(help="Probes per hop [1].")] = None,
-    method: Annotated[TracerouteMethod | None, typer.Option(help="Probe packets [udp].")] = None,
-    wait: Annotated[float | None, typer.Option(help="Seconds to wait for each reply.")] = None,
-    as_json: JsonOpt = False,
-    netns: NetnsOpt = None,
-    config: ConfigOpt = None,
-    log_dir: LogDirOpt = None,
-    store: StoreOpt = None,
-) -> None:
-    """The route, hop by hop, with Linux traceroute (numeric: no DNS)."""
-    options = {
-        "max_hops": max_hops,
-        "queries": queries,
-        "method": method.value if method else None,
-        "wait_s": wait,
-    }
-    _run_probe(
-        "traceroute",
-        target,
-        options,
-        as_json=as_json,
-        netns=netns,
-        config_path=config,
-        log_dir=log_dir,
-        store=store,
-    )
+def _option_type(info: FieldInfo, cli: str) -> Any:
+    """``Annotated[<type> | None, typer.Option(...)]`` for one Spec field."""
+    kind = info.annotation
+    if get_origin(kind) in (Union, UnionType):  # X | None: the option is X
+        kinds = [a for a in get_args(kind) if a is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 else str
+    decl = f"--{cli}/--no-{cli}" if kind is bool else f"--{cli}"
+    return Annotated[kind | None, typer.Option(decl, help=_field_help(info))]
 
 
-@probe_app.command("iperf3")
-def probe_iperf3(
-    target: Annotated[str, typer.Argument(help="Address, host name, or target name (--config).")],
-    port: Annotated[int | None, typer.Option(help="Server port [5201].")] = None,
-    streams: Annotated[int | None, typer.Option(help="Parallel streams, 1-128 [1].")] = None,
-    window: Annotated[str | None, typer.Option(help="Socket buffer, e.g. 256K, 4M.")] = None,
-    duration: Annotated[float | None, typer.Option(help="Seconds to transmit [10].")] = None,
-    omit: Annotated[int | None, typer.Option(help="Seconds of slow start to omit [0].")] = None,
-    congestion: Annotated[str | None, typer.Option(help="TCP congestion control.")] = None,
-    reverse: Annotated[bool | None, typer.Option("--reverse", help="Server sends.")] = None,
-    udp: Annotated[bool | None, typer.Option("--udp", help="UDP: jitter and loss.")] = None,
-    rate: Annotated[str | None, typer.Option(help="UDP target bitrate, e.g. 100M.")] = None,
-    as_json: JsonOpt = False,
-    netns: NetnsOpt = None,
-    config: ConfigOpt = None,
-    log_dir: LogDirOpt = None,
-    store: StoreOpt = None,
-) -> None:
-    """TCP throughput (or UDP jitter and loss) against any iperf3 server."""
-    options = {
-        "port": port,
-        "streams": streams,
-        "window": window,
-        "duration_s": duration,
-        "omit_s": omit,
-        "congestion": congestion,
-        "reverse": reverse,
-        "udp": udp,
-        "rate": rate,
-    }
-    _run_probe(
-        "iperf3",
-        target,
-        options,
-        as_json=as_json,
-        netns=netns,
-        config_path=config,
-        log_dir=log_dir,
-        store=store,
-    )
+def _field_help(info: FieldInfo) -> str:
+    bounds = {type(m).__name__: m for m in info.metadata}
+    low = bounds.get("Ge") or bounds.get("Gt")
+    high = bounds.get("Le") or bounds.get("Lt")
+    parts = []
+    if low is not None or high is not None:
+        lo = "" if low is None else f"{'>' if 'Gt' in bounds else ''}{_plain(low)}"
+        hi = "" if high is None else f"{'<' if 'Lt' in bounds else ''}{_plain(high)}"
+        parts.append(f"{lo}–{hi}")
+    if info.default is not None and info.default is not PydanticUndefined:
+        parts.append(f"default {info.default}")
+    text = info.description or ""
+    return f"{text} [{'; '.join(parts)}]" if parts else text
 
 
-@probe_app.command("load")
-def probe_load(
-    as_json: JsonOpt = False,
-    netns: NetnsOpt = None,
-    log_dir: LogDirOpt = None,
-    store: StoreOpt = None,
-) -> None:
-    """Host facts that explain results: load, CPUs and MHz, NIC speed, TCP buffer limits."""
-    import socket
-
-    host = socket.gethostname()
-    _run_probe(
-        "load",
-        host,
-        {},
-        as_json=as_json,
-        netns=netns,
-        config_path=None,
-        log_dir=log_dir,
-        store=store,
-    )
+def _plain(bound: Any) -> str:
+    value = next(getattr(bound, k) for k in ("ge", "gt", "le", "lt") if hasattr(bound, k))
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 @app.command("parse")

@@ -14,15 +14,28 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from iepm.errors import ConfigError
-from iepm.probes import PROBES
+from iepm.probes import PROBES, default_probes
 from iepm.probes.base import ProbeSpec
 from iepm.tomlpos import format_loc, line_of
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-DEFAULT_PROBES = ("ping", "traceroute", "iperf3")
+
+
+def _known_probes() -> str:
+    return ", ".join(sorted(PROBES))
 
 
 class StrictModel(BaseModel):
@@ -149,7 +162,8 @@ class TargetConfig(StrictModel):
     address: str
     site: str | None = None
     group: str | None = None
-    probes: list[str] = Field(default_factory=lambda: list(DEFAULT_PROBES))
+    # Default: the probes whose META says default (ping, traceroute, iperf3).
+    probes: list[str] = Field(default_factory=lambda: list(default_probes()))
     # If ping is expected to work and fails, heavy probes are skipped (the seeds' sanity rule).
     ping_expected: bool = True
     # plain: a public iperf3 -s / ping endpoint; agent: the target runs `iepm agent`;
@@ -159,11 +173,32 @@ class TargetConfig(StrictModel):
     ssh: SshAccess | None = None
     # Use the parameters `iepm tune` stored for this path (a target's own settings still win).
     use_tuned: bool = True
-    # Per-probe parameters, e.g. [targets.iperf3] streams = 4; validated against each Spec.
-    ping: dict[str, Any] = Field(default_factory=dict)
-    traceroute: dict[str, Any] = Field(default_factory=dict)
-    iperf3: dict[str, Any] = Field(default_factory=dict)
-    load: dict[str, Any] = Field(default_factory=dict)
+    # Per-probe parameters, e.g. [targets.iperf3] streams = 4: a table named after any
+    # registered probe (read with params()), validated against its Spec by load_config.
+    _probe_tables: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _gather_probe_tables(
+        cls, data: Any, handler: ModelWrapValidatorHandler[TargetConfig]
+    ) -> TargetConfig:
+        tables: dict[str, Any] = {}
+        if isinstance(data, dict):
+            tables = {k: v for k, v in data.items() if k in PROBES and k not in cls.model_fields}
+            data = {k: v for k, v in data.items() if k not in tables}
+        errors = [
+            InitErrorDetails(type="dict_type", loc=(name,), input=table)
+            for name, table in tables.items()
+            if not isinstance(table, dict)
+        ]
+        try:
+            target = handler(data)
+        except ValidationError as exc:
+            errors += [_name_the_table(e) for e in exc.errors()]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        target._probe_tables = tables
+        return target
 
     @field_validator("name")
     @classmethod
@@ -197,6 +232,10 @@ class TargetConfig(StrictModel):
                 raise ValueError(f"[targets.{mode}] is given but mode = {self.mode!r}")
         return self
 
+    def params(self, probe: str) -> dict[str, Any]:
+        """This target's own parameters of ``probe`` (its ``[targets.<probe>]`` table)."""
+        return self._probe_tables.get(probe, {})
+
     def remote(self) -> AgentAccess | SshAccess | None:
         """How servers are started on this target for a test (None: a plain endpoint)."""
         return self.agent if self.mode == "agent" else self.ssh if self.mode == "ssh" else None
@@ -206,10 +245,24 @@ class TargetConfig(StrictModel):
     def _probes_are_known(cls, value: list[str]) -> list[str]:
         for name in value:
             if name not in PROBES:
-                raise ValueError(f"unknown probe {name!r} (known: {', '.join(sorted(PROBES))})")
+                raise ValueError(f"unknown probe {name!r} (known: {_known_probes()})")
         if len(set(value)) != len(value):
             raise ValueError("a probe is listed twice")
         return value
+
+
+def _name_the_table(error: Any) -> Any:
+    """A table of a target that is neither a setting nor a registered probe: say so (an
+    unknown plain key keeps pydantic's own "extra_forbidden", worded by _describe)."""
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden" and loc and isinstance(error.get("input"), dict):
+        message = (
+            f"[targets.{loc[-1]}] is neither a target setting nor a probe's table "
+            f"(probes: {_known_probes()})"
+        )
+        custom = PydanticCustomError("unknown_table", message.replace("{", "{{"))
+        return InitErrorDetails(type=custom, loc=loc, input=error["input"])
+    return error
 
 
 class Config(StrictModel):
@@ -222,7 +275,7 @@ class Config(StrictModel):
     def _defaults_name_probes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name in value:
             if name not in PROBES:
-                raise ValueError(f"unknown probe {name!r} (known: {', '.join(sorted(PROBES))})")
+                raise ValueError(f"unknown probe {name!r} (known: {_known_probes()})")
         return value
 
     @model_validator(mode="after")
@@ -248,7 +301,7 @@ class Config(StrictModel):
     ) -> ProbeSpec:
         """The validated spec of one probe for one target: defaults, then ``tuned`` (what a
         study chose for the path), then the target's own settings."""
-        merged = {**self.defaults.get(probe, {}), **(tuned or {}), **getattr(target, probe)}
+        merged = {**self.defaults.get(probe, {}), **(tuned or {}), **target.params(probe)}
         spec: ProbeSpec = PROBES[probe].Spec.model_validate(merged)
         return spec
 
@@ -300,7 +353,7 @@ def load_config_text(text: str, path: Path | None = None) -> Config:
             except ValidationError as exc:
                 for e in exc.errors():
                     field = e["loc"][0] if e["loc"] else None
-                    own = field in getattr(target, probe) or field is None
+                    own = field in target.params(probe) or field is None
                     loc = (
                         ("targets", index, probe, *e["loc"])
                         if own

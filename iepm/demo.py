@@ -33,6 +33,7 @@ import typer
 from rich.console import Console
 
 from iepm.config import Config, load_config_text
+from iepm.console import summary
 from iepm.errors import IepmError, LabError, ToolNotFound
 from iepm.results import Result
 from iepm.runner import run_command
@@ -364,16 +365,10 @@ def run_demo(
 
 
 def _headline(result: Result) -> str:
+    """The run's line in the demo: why it failed, or its probe's own summary."""
     if not result.succeeded:
         return (result.error or "")[:70]
-    d = result.data
-    if result.probe == "ping":
-        return f"rtt {d.get('rtt_avg_ms')} ms, loss {d.get('loss_percent')} %"
-    if result.probe == "iperf3" and isinstance(d.get("throughput_bps"), int | float):
-        return f"{d['throughput_bps'] / 1e6:.1f} Mbit/s"
-    if result.probe == "traceroute":
-        return f"{d.get('hop_count')} hops, reached={d.get('reached')}"
-    return ""
+    return summary(result)
 
 
 def demo_command(

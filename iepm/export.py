@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Literal, TextIO
 
@@ -94,7 +94,7 @@ def verbatim(value: str) -> str:
 def export(
     archive: Archive,
     probe: str,
-    columns: list[Column],
+    columns: Sequence[Column],
     fmt: Format,
     out: TextIO,
     target: str | None = None,
@@ -112,7 +112,7 @@ def export(
     if fmt not in ("tsv", "csv", "json"):
         raise ValueError(f"unknown export format {fmt!r} (tsv, csv or json)")
     results = archive.results(probe=probe, target=target, since=since, until=until)
-    every = COMMON_COLUMNS + columns
+    every = [*COMMON_COLUMNS, *columns]
     count = 0
     if fmt == "tsv":
         selection = [f"probe={probe}", f"target={target or 'all'}"]

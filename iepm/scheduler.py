@@ -40,7 +40,7 @@ from iepm.analysis.adaptive import cadence_for
 from iepm.analysis.watch import AlertWatcher, watcher_for
 from iepm.config import Config, TargetConfig
 from iepm.errors import StoreError
-from iepm.probes import PROBES
+from iepm.probes import PROBES, gating_probes
 from iepm.probes.base import ProbeContext, ProbeSpec, failed_result, skipped_result
 from iepm.rawlog import RawLog
 from iepm.results import Outcome, Result, utcnow
@@ -248,11 +248,12 @@ class Scheduler:
         exclusive = [m for m in modules if m.META.scheduling == "exclusive"]
         results = list(await asyncio.gather(*(self._run_probe(m, target) for m in background)))
         skip_reason = None
-        ping = next((r for r in results if r.probe == "ping"), None)
-        if target.ping_expected and ping is not None and not ping.succeeded:
+        gates = gating_probes()
+        gate = next((r for r in results if r.probe in gates and not r.succeeded), None)
+        if target.ping_expected and gate is not None:
             skip_reason = (
-                f"skipped because ping to {target.name} ({target.address}) failed and "
-                f"ping_expected=true: {ping.error}"
+                f"skipped because {gate.probe} to {target.name} ({target.address}) failed and "
+                f"ping_expected=true: {gate.error}"
             )
         for module in exclusive:
             if skip_reason:

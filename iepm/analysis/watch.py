@@ -1,16 +1,17 @@
 """The alert watcher: fed every stored result, it runs the online step detector per path and
 metric, and turns each detection into a stored, attributed and delivered alert.
 
-Series watched (``RULES``): iperf3 ``throughput_bps``, ping ``rtt_avg_ms`` and ping
-``loss_percent``. A failed run is no sample (a failed iperf3 has no throughput; it is not 0),
-except for loss: a ping that got no reply at all is a sample of 100% loss.
+Series watched (:func:`alert_rules`): every metric a probe declares with an ``alert`` (today iperf3
+``throughput_bps``, ping ``rtt_avg_ms`` and ping ``loss_percent``). A failed run is no sample (a
+failed iperf3 has no throughput; it is not 0), unless the metric counts failed runs: a ping that
+got no reply at all is a sample of 100% loss.
 
-Each series has its own :class:`~iepm.analysis.changes.OnlineDetector` with floors that keep
-alerts meaningful to people (a change must be ≥ 15% of the throughput, ≥ 5% and ≥ 0.5 ms of the
-RTT, ≥ 2 percentage points of loss) and ``confirm = 3``: an alert is raised at the third sample
-of a new level, never on a single outlier. When the watcher first meets a series (e.g. after a
-restart) it replays the last ``history`` results from the archive, so it neither needs a new
-warm-up nor raises alerts about the past.
+Each series has its own :class:`~iepm.analysis.changes.OnlineDetector` with the floors its
+metric declares, which keep alerts meaningful to people (a change must be ≥ 15% of the
+throughput, ≥ 5% and ≥ 0.5 ms of the RTT, ≥ 2 percentage points of loss), and ``confirm = 3``:
+an alert is raised at the third sample of a new level, never on a single outlier. When the
+watcher first meets a series (e.g. after a restart) it replays the last ``history`` results
+from the archive, so it neither needs a new warm-up nor raises alerts about the past.
 
 On a detection the cause is looked up (:func:`iepm.analysis.cause.attribute`), the alert is
 stored in the ``alerts`` table and queued for the webhook (:mod:`iepm.analysis.webhook`).
@@ -40,6 +41,7 @@ from iepm.analysis.forecast import forecast_next
 from iepm.analysis.series import AnalysisError
 from iepm.analysis.webhook import Notifier, WebhookSender
 from iepm.config import Config
+from iepm.probes import all_metrics, metrics_of
 from iepm.results import Result, utcnow
 from iepm.store import Archive
 
@@ -62,20 +64,22 @@ class Rule:
     forecast: bool = False  # keep a forecast (for the adaptive cadence)
 
 
-RULES: tuple[Rule, ...] = (
-    Rule("iperf3", "throughput_bps", {"min_relative": 0.15, **ALERTING}, forecast=True),
-    Rule("ping", "rtt_avg_ms", {"min_relative": 0.05, "min_absolute": 0.5, **ALERTING}),
-    Rule("ping", "loss_percent", {"min_relative": 0.5, "min_absolute": 2.0, **ALERTING}),
-)
+def alert_rules() -> tuple[Rule, ...]:
+    """One rule per registered metric that declares an alert: the watcher's defaults
+    (``ALERTING``) under the metric's own detector parameters."""
+    return tuple(
+        Rule(m.probe, m.key, {**ALERTING, **m.alert}, forecast=m.forecast)
+        for m in all_metrics().values()
+        if m.alert is not None
+    )
 
 
 def metric_value(result: Result, metric: str) -> float | None:
     """The sample ``result`` gives for ``metric``, or None when it gives none."""
-    if metric == "loss_percent" and result.probe == "ping":
-        if not (result.data.get("packets_sent") or 0) > 0:
+    if not result.succeeded:
+        counts_failed = any(m.key == metric and m.failed_runs for m in metrics_of(result.probe))
+        if not counts_failed:
             return None
-    elif not result.succeeded:
-        return None
     value = result.data.get(metric)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -135,7 +139,7 @@ class AlertWatcher:
         store: bool = True,
         narrow: float = 0.2,
         forecasts: bool = False,
-        rules: Iterable[Rule] = RULES,
+        rules: Iterable[Rule] | None = None,
         history: int = HISTORY,
     ) -> None:
         self.archive = archive
@@ -144,7 +148,8 @@ class AlertWatcher:
         self.store = store
         self.narrow = narrow
         self.forecasts = forecasts  # only the adaptive cadence needs them (~50 ms per sample)
-        self.rules = tuple(rules)
+        # Derived when the watcher starts: probes registered by then are watched.
+        self.rules = alert_rules() if rules is None else tuple(rules)
         self.history = history
         self.tracks: dict[tuple[str, str, str], Track] = {}
         self.alerts: list[Alert] = []  # raised since this watcher started, oldest first
@@ -163,8 +168,7 @@ class AlertWatcher:
         """Feed one stored result; returns the alerts it raised."""
         if result.monitor != self.monitor:
             return []
-        if result.probe == "traceroute":
-            self._watch_route(result)
+        self._watch_route(result)  # route_of reads only results that carry hops
         raised = []
         for rule in self.rules:
             if rule.probe != result.probe:

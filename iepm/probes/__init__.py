@@ -26,6 +26,10 @@ def register(module: Any) -> Probe:
     strays = [m.name for m in module.METRICS if m.probe != name]
     if strays:
         raise ValueError(f"probe {name!r} declares metrics of another probe: {strays}")
+    # Descriptions become --help and the README's field lists: none may be missing.
+    undocumented = [f for f, info in module.Spec.model_fields.items() if not info.description]
+    if undocumented:
+        raise ValueError(f"probe {name!r}: Spec fields without a description: {undocumented}")
     PROBES[name] = module
     return module  # type: ignore[no-any-return]
 

@@ -123,19 +123,42 @@ def size_bytes(text: str, *, base: int) -> int:
 
 
 class Spec(ProbeSpec):
-    """One iperf3 client run. Field names are fixed: the CLI maps its options onto them."""
+    """One iperf3 client run. Field names are fixed (stored in params, tuned, targets.toml);
+    ``iepm probe iperf3`` takes its options from them."""
 
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
-    streams: int = Field(default=1, ge=1, le=128)
-    window: str | None = None
-    duration_s: float = Field(default=10.0, ge=1, le=3600)
-    omit_s: int = Field(default=0, ge=0, le=60)
-    congestion: str | None = None
-    reverse: bool = False
-    udp: bool = False
-    rate: str | None = None
-    connect_timeout_ms: int = Field(default=3000, ge=100, le=60000)
-    bind: str | None = None
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="server port (-p)")
+    streams: int = Field(default=1, ge=1, le=128, description="parallel streams (-P)")
+    window: str | None = Field(
+        default=None,
+        description="socket buffer (-w), bytes with K/M/G (binary), e.g. 256K, 4M; up to 512M",
+    )
+    duration_s: float = Field(
+        default=10.0,
+        ge=1,
+        le=3600,
+        description="whole seconds to transmit (-t)",
+        json_schema_extra={"cli": "duration"},
+    )
+    omit_s: int = Field(
+        default=0,
+        ge=0,
+        le=60,
+        description="seconds of slow start left out of the figures (-O)",
+        json_schema_extra={"cli": "omit"},
+    )
+    congestion: str | None = Field(
+        default=None, description="TCP congestion control (-C), e.g. cubic, bbr"
+    )
+    reverse: bool = Field(default=False, description="the server sends (-R)")
+    udp: bool = Field(default=False, description="UDP: jitter and loss (-u)")
+    rate: str | None = Field(
+        default=None,
+        description="UDP target bitrate (-b), bit/s with K/M/G, e.g. 100M (UDP default 1M)",
+    )
+    connect_timeout_ms: int = Field(
+        default=3000, ge=100, le=60000, description="control connection timeout (--connect-timeout)"
+    )
+    bind: str | None = Field(default=None, description="local address to send from (-B)")
 
     @field_validator("window")
     @classmethod

@@ -113,7 +113,13 @@ COLUMNS = [
 class Spec(ProbeSpec):
     """Nothing to tune but how long the snapshot may take (it is normally milliseconds)."""
 
-    timeout_s: float = Field(default=10.0, ge=1.0, le=60.0)
+    timeout_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=60.0,
+        description="seconds the snapshot may take",
+        json_schema_extra={"cli": "timeout"},
+    )
 
     def deadline_s(self) -> float:
         return self.timeout_s

@@ -115,12 +115,19 @@ class Spec(ProbeSpec):
     """Parameters of one ping run."""
 
     count: int = Field(10, ge=1, le=100_000, description="echo requests to send (-c)")
-    interval_s: float = Field(1.0, ge=0.002, le=60, description="seconds between requests (-i)")
+    interval_s: float = Field(
+        1.0,
+        ge=0.002,
+        le=60,
+        description="seconds between requests (-i)",
+        json_schema_extra={"cli": "interval"},
+    )
     size_bytes: int = Field(
         56,
         ge=0,
         le=65507,
         description=f"ICMP payload bytes (-s); below {TIMESTAMP_BYTES} ping cannot time replies",
+        json_schema_extra={"cli": "size"},
     )
     deadline: float | None = Field(
         None,

@@ -71,7 +71,13 @@ class Spec(ProbeSpec):
     method: Literal["icmp", "udp", "tcp"] = Field(
         "udp", description="probe packets: ICMP echo (-I), UDP (default) or TCP SYN (-T)"
     )
-    wait_s: float = Field(2.0, ge=0.1, le=10, description="longest wait for a probe (-w)")
+    wait_s: float = Field(
+        2.0,
+        ge=0.1,
+        le=10,
+        description="longest wait for a probe (-w)",
+        json_schema_extra={"cli": "wait"},
+    )
     port: int | None = Field(
         None, ge=1, le=65535, description="UDP base port or TCP destination port (-p)"
     )

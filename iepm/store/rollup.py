@@ -24,16 +24,11 @@ from typing import Any
 from sqlalchemy import Connection, Insert, delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from iepm.probes import metrics_of
 from iepm.store.schema import daily as DAILY
 from iepm.store.schema import results as RESULTS
 
 RUNS = "runs"
-# The metrics summarised per probe: those the long-term views show.
-ROLLUP_METRICS: dict[str, tuple[str, ...]] = {
-    "ping": ("rtt_min_ms", "rtt_avg_ms", "rtt_max_ms", "loss_percent"),
-    "iperf3": ("throughput_bps", "retransmits"),
-    "traceroute": ("hop_count",),
-}
 PathDay = tuple[str, str, str, date]
 # What ``summarise`` reads of each result, in its order.
 SOURCE = (
@@ -73,6 +68,12 @@ class _Sums:
         self.maximum = max(self.maximum, value)
 
 
+def rollup_keys(probe: str) -> tuple[str, ...]:
+    """The metrics of ``probe`` summarised per day: those its METRICS mark ``rollup`` (read
+    from the registry at each call, so a probe registered later is rolled up too)."""
+    return tuple(m.key for m in metrics_of(probe) if m.rollup)
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -87,6 +88,7 @@ def summarise(
     """Daily rows from results given as (target, monitor, probe, started_at, outcome, data),
     only for ``days`` when given."""
     sums: dict[tuple[str, str, str, date, str], _Sums] = {}
+    keys: dict[str, tuple[str, ...]] = {}
     for target, monitor, probe, started_at, outcome, data in rows:
         day = day_of(started_at)
         if days is not None and day not in days:
@@ -96,7 +98,9 @@ def summarise(
         if outcome != "ok":
             continue
         runs.total += 1
-        for key in ROLLUP_METRICS.get(probe, ()):
+        if probe not in keys:
+            keys[probe] = rollup_keys(probe)
+        for key in keys[probe]:
             value = _number((data or {}).get(key))
             if value is not None:
                 sums.setdefault((target, monitor, probe, day, key), _Sums()).add(value)

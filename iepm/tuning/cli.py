@@ -92,7 +92,7 @@ def _where(
             address, name = entry.address, entry.name
             spec = config.spec_for(entry, "iperf3")
             assert isinstance(spec, iperf3.Spec)
-            base, own = spec, dict(entry.iperf3)
+            base, own = spec, dict(entry.params("iperf3"))
     if url is None:
         raise _fail("give --config FILE or --db URL: studies are stored in an archive")
     if port is not None:

@@ -71,8 +71,7 @@ RESULTS = st.builds(
         timezones=st.builds(timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23))),
     ),
     duration_s=st.floats(allow_nan=False, allow_infinity=False),
-    outcome=st.sampled_from(Outcome),
-    succeeded=st.booleans(),
+    outcome=st.sampled_from(Outcome),  # succeeded follows from it
     error=st.none() | TEXT,
     diags=TEXT,
     raw_token=st.none() | st.builds(new_result_id),
