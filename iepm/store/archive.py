@@ -46,8 +46,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from iepm.errors import StoreError
-from iepm.results import Outcome, Result, format_time, new_result_id
+from iepm.results import Outcome, Purpose, Result, format_time, new_result_id
 from iepm.store import rollup
+from iepm.store.filters import result_conditions
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import results as RESULTS
 
@@ -255,7 +256,7 @@ class Archive:
         with self._writing(f"cannot add result {result.id}") as conn:
             row = _row(result)
             conn.execute(insert(RESULTS), row)
-            rollup.accumulate(conn, [_summarised(row)])
+            rollup.accumulate(conn, _summarised([row]))
 
     def add_many(self, results: Iterable[Result]) -> int:
         """Store many results in one transaction (all or none); returns how many."""
@@ -264,7 +265,7 @@ class Archive:
             for chunk in _chunks(results, BULK_CHUNK):
                 rows = [_row(result) for result in chunk]
                 conn.execute(insert(RESULTS), rows)
-                rollup.accumulate(conn, map(_summarised, rows))
+                rollup.accumulate(conn, _summarised(rows))
                 count += len(rows)
         return count
 
@@ -305,11 +306,15 @@ class Archive:
         limit: int | None = None,
         offset: int = 0,
         order: Order = "asc",
+        purpose: Purpose | str | None = Purpose.ROUTINE,
     ) -> Generator[Result, None, None]:
-        """Results matching every given filter (``since`` inclusive, ``until`` exclusive), by
+        """Results matching every given filter (``since`` inclusive, ``until`` exclusive; the
+        routine series unless ``purpose`` says otherwise, ``None`` for every purpose), by
         start time then id, streamed from the database in batches. Closing the generator
         before the end releases its database connection at once."""
-        query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
+        query = _results_query(
+            probe, target, since, until, monitor, outcome, purpose, limit, offset, order
+        )
         return self._stream(query, Result.model_validate, "cannot read results")
 
     def envelope_page(
@@ -323,6 +328,7 @@ class Archive:
         limit: int | None = None,
         offset: int = 0,
         order: Order = "asc",
+        purpose: Purpose | str | None = Purpose.ROUTINE,
     ) -> tuple[int, list[str]]:
         """How many results match (as ``count()``) and the page ``results()`` would yield, each
         as the JSON text of its envelope (the document ``Result.envelope()`` returns), from one
@@ -330,8 +336,10 @@ class Archive:
         ``data`` texts are spliced in as they are. Every row was validated and serialised when
         it was written; decoding, validating and encoding it again was most of an API page's
         time."""
-        counting = _count_query(probe, target, since, until, monitor, outcome)
-        query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
+        counting = _count_query(probe, target, since, until, monitor, outcome, purpose)
+        query = _results_query(
+            probe, target, since, until, monitor, outcome, purpose, limit, offset, order
+        )
         texts = query.with_only_columns(
             *(RESULTS.c[key] for key in _ENVELOPE_HEAD),
             cast(RESULTS.c.params, Text).label("params_text"),
@@ -349,9 +357,10 @@ class Archive:
         until: datetime | None = None,
         monitor: str | None = None,
         outcome: Outcome | str | None = None,
+        purpose: Purpose | str | None = Purpose.ROUTINE,
     ) -> int:
         """How many results ``results()`` would yield with the same filters."""
-        query = _count_query(probe, target, since, until, monitor, outcome)
+        query = _count_query(probe, target, since, until, monitor, outcome, purpose)
         with self._errors("cannot count results"), self._engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
@@ -434,9 +443,14 @@ class Archive:
                 yield convert(row)
 
 
-def _summarised(row: dict[str, Any]) -> tuple[str, str, str, datetime, str, Any]:
-    """What the daily summaries read of a stored row (rollup.SOURCE's columns)."""
-    return tuple(row[column.name] for column in rollup.SOURCE)  # type: ignore[return-value]
+def _summarised(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, datetime, str, Any]]:
+    """What the daily summaries read of stored rows (rollup.SOURCE's columns): routine results
+    only, as rollup.refresh and rollup.rebuild select them."""
+    return [
+        tuple(row[column.name] for column in rollup.SOURCE)  # type: ignore[misc]
+        for row in rows
+        if row["purpose"] == rollup.ROLLED_UP_PURPOSE
+    ]
 
 
 def _count_query(
@@ -446,8 +460,9 @@ def _count_query(
     until: datetime | None,
     monitor: str | None,
     outcome: Outcome | str | None,
+    purpose: Purpose | str | None,
 ) -> Select[Any]:
-    conditions = _filters(probe, target, since, until, monitor, outcome)
+    conditions = _filters(probe, target, since, until, monitor, outcome, purpose)
     return select(func.count()).select_from(RESULTS).where(*conditions)
 
 
@@ -458,6 +473,7 @@ def _results_query(
     until: datetime | None,
     monitor: str | None,
     outcome: Outcome | str | None,
+    purpose: Purpose | str | None,
     limit: int | None,
     offset: int,
     order: Order,
@@ -467,7 +483,7 @@ def _results_query(
     keys = (RESULTS.c.started_at, RESULTS.c.id)
     return (
         select(RESULTS)
-        .where(*_filters(probe, target, since, until, monitor, outcome))
+        .where(*_filters(probe, target, since, until, monitor, outcome, purpose))
         .order_by(*(key.asc() if order == "asc" else key.desc() for key in keys))
         .limit(limit)
         .offset(offset or None)
@@ -498,18 +514,15 @@ def _filters(
     until: datetime | None,
     monitor: str | None,
     outcome: Outcome | str | None,
+    purpose: Purpose | str | None,
 ) -> list[ColumnElement[bool]]:
-    conditions: list[ColumnElement[bool]] = []
-    if probe is not None:
-        conditions.append(RESULTS.c.probe == probe)
-    if target is not None:
-        conditions.append(RESULTS.c.target == target)
-    if since is not None:
-        conditions.append(RESULTS.c.started_at >= since)
-    if until is not None:
-        conditions.append(RESULTS.c.started_at < until)
-    if monitor is not None:
-        conditions.append(RESULTS.c.monitor == monitor)
-    if outcome is not None:
-        conditions.append(RESULTS.c.outcome == Outcome(outcome).value)
-    return conditions
+    return result_conditions(
+        RESULTS,
+        probe=probe,
+        target=target,
+        monitor=monitor,
+        since=since,
+        until=until,
+        outcome=outcome,
+        purpose=purpose,
+    )
