@@ -101,7 +101,7 @@ class Spool:
 
     def _append_locked(self, line: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
             # After a line cut short, start on a line of our own (the cut one is then skipped).
@@ -143,8 +143,11 @@ class Spool:
                         found.cycles.append(_cycle_from(record["cycle"]))
                     else:
                         raise ValueError(f"unknown record kind {kind!r}")
+                except json.JSONDecodeError:
+                    found.rejected.append(f"{path}:{number}: cut short (not complete JSON)")
+                    _keep_rejected(path, number, raw)
                 except (ValueError, KeyError, TypeError, ValidationError) as exc:
-                    why = "cut short" if not raw.endswith(b"\n") else _one_line(exc)
+                    why = _one_line(exc)
                     found.rejected.append(f"{path}:{number}: {why}")
                     _keep_rejected(path, number, raw)
         return found
