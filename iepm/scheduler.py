@@ -464,7 +464,7 @@ class Scheduler:
             except (StoreError, ArchiveDeadline) as exc:
                 log.warning("using untuned %s parameters for %s: %s", probe, target.name, exc)
         elif target.use_tuned:
-            log.warning("using untuned %s parameters for %s: archive down", probe, target.name)
+            log.info("using untuned %s parameters for %s: archive down", probe, target.name)
         try:
             return self.config.spec_for(target, probe, tuned)
         except ValidationError as exc:
