@@ -281,9 +281,12 @@ class Demo:
             self.scheduler = Scheduler(self.config, self.archive, on_result=on_result)
         return self.scheduler
 
-    def run_cycles(self, cycles: int | None) -> list[CycleReport]:
-        """Run ``cycles`` cycles (forever when None) at the configured interval."""
-        return asyncio.run(self.open().run(cycles=cycles))
+    def run_cycles(
+        self, cycles: int | None, on_cycle: Callable[[CycleReport], object] | None = None
+    ) -> CycleReport | None:
+        """Run ``cycles`` cycles (forever when None) at the configured interval; each report
+        goes to ``on_cycle``, the last is returned."""
+        return asyncio.run(self.open().run(cycles=cycles, on_cycle=on_cycle))
 
     def close(self) -> None:
         """Stop the servers (by PID) and tear the lab down; safe to call twice."""
@@ -350,10 +353,12 @@ def run_demo(
                 demo.stack.callback(server.stop)
                 console.print(f"iepm demo: dashboard at {server.url}  (Ctrl-C stops the demo)")
             sys.stdout.flush()
-            reports = demo.run_cycles(cycles)
-            for report in reports:
+
+            def on_cycle(report: CycleReport) -> None:
                 outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
                 console.print(f"cycle {report.number}: {outcomes} in {report.duration_s:.1f} s")
+
+            demo.run_cycles(cycles, on_cycle)
             console.print(
                 f"archive: {demo.config.monitor.archive}\n"
                 f"try: iepm serve --db {demo.config.monitor.archive}"
