@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from iepm import __version__
 from iepm.analysis.statistics import aggregate
 from iepm.probes import PROBES, all_metrics
-from iepm.results import Outcome, Result, format_time
+from iepm.results import Outcome, Purpose, Result, format_time
 from iepm.web.context import UNKNOWN, Since, Until, WebContext, now_of, utc, web
 from iepm.web.queries import Queries
 from iepm.web.tables import HISTORY, YEAR
@@ -184,6 +184,9 @@ def router() -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
         offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
         order: Literal["asc", "desc"] = "asc",
+        purpose: Annotated[
+            Purpose, Query(description="routine series, or the runs of tuning/impact studies")
+        ] = Purpose.ROUTINE,
     ) -> Response:
         """Result envelopes matching every filter (``since`` inclusive, ``until`` exclusive),
         by start time, ``limit`` at a time from ``offset``. An unknown target is a 404."""
@@ -195,6 +198,7 @@ def router() -> APIRouter:
             "since": start,
             "until": end,
             "outcome": outcome,
+            "purpose": purpose,
         }
 
         def page() -> str:

@@ -30,6 +30,7 @@ from iepm.probes.base import Metric
 from iepm.results import Result
 from iepm.store import rollup
 from iepm.store.archive import Archive, connect_engine
+from iepm.store.filters import result_conditions
 from iepm.store.schema import alerts as ALERTS
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import daily as DAILY
@@ -77,29 +78,6 @@ def epoch(moment: datetime) -> float:
 def _float(key: str) -> ColumnElement[Any]:
     # as_float() reads a JSON number on both backends; a null or missing key reads as NULL.
     return RESULTS.c.data[key].as_float().cast(Float).label(key)
-
-
-def _conditions(
-    probe: str | Sequence[str] | None,
-    target: str | None,
-    monitor: str | None,
-    since: datetime | None,
-    until: datetime | None,
-) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = []
-    if isinstance(probe, str):
-        where.append(RESULTS.c.probe == probe)
-    elif probe is not None:
-        where.append(RESULTS.c.probe.in_(list(probe)))
-    if target is not None:
-        where.append(RESULTS.c.target == target)
-    if monitor is not None:
-        where.append(RESULTS.c.monitor == monitor)
-    if since is not None:
-        where.append(RESULTS.c.started_at >= since)
-    if until is not None:
-        where.append(RESULTS.c.started_at < until)
-    return where
 
 
 class Queries:
@@ -199,7 +177,8 @@ class Queries:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> Frame:
-        """Every result matching the filters, oldest first, with the given ``data`` keys."""
+        """Every routine result matching the filters (store.filters: never a study's runs),
+        oldest first, with the given ``data`` keys."""
         query = (
             select(
                 RESULTS.c.started_at,
@@ -209,7 +188,11 @@ class Queries:
                 RESULTS.c.outcome,
                 *(_float(key) for key in keys),
             )
-            .where(*_conditions(probe, target, monitor, since, until))
+            .where(
+                *result_conditions(
+                    probe=probe, target=target, monitor=monitor, since=since, until=until
+                )
+            )
             .order_by(RESULTS.c.started_at, RESULTS.c.id)
         )
         rows = self._rows(query)
@@ -236,11 +219,15 @@ class Queries:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> list[tuple[datetime, str, dict[str, Any]]]:
-        """(started_at, outcome, data) of each result, oldest first, for nested ``data``
+        """(started_at, outcome, data) of each routine result, oldest first, for nested ``data``
         (traceroute hops) that does not fit a column."""
         query = (
             select(RESULTS.c.started_at, RESULTS.c.outcome, RESULTS.c.data)
-            .where(*_conditions(probe, target, monitor, since, until))
+            .where(
+                *result_conditions(
+                    probe=probe, target=target, monitor=monitor, since=since, until=until
+                )
+            )
             .order_by(RESULTS.c.started_at, RESULTS.c.id)
         )
         return [(r[0], r[1], r[2] or {}) for r in self._rows(query)]
@@ -264,7 +251,13 @@ class Queries:
             part = (
                 select(RESULTS.c.monitor, func.count())
                 .where(
-                    *_conditions(probes, target, None, since, rollup.day_start(first_full)),
+                    *result_conditions(
+                        probe=probes,
+                        target=target,
+                        monitor=None,
+                        since=since,
+                        until=rollup.day_start(first_full),
+                    ),
                 )
                 .group_by(RESULTS.c.monitor)
             )
@@ -277,7 +270,7 @@ class Queries:
     def has_monitor(self, target: str, monitor: str) -> bool:
         query = (
             select(RESULTS.c.id)
-            .where(RESULTS.c.target == target, RESULTS.c.monitor == monitor)
+            .where(*result_conditions(target=target, monitor=monitor, purpose=None))
             .limit(1)
         )
         return bool(self._rows(query))
@@ -298,7 +291,11 @@ class Queries:
         for name in probes:
             query = (
                 select(RESULTS.c.monitor, RESULTS.c.target, RESULTS.c.started_at, RESULTS.c.id)
-                .where(*_conditions(name, target, None, since, until))
+                .where(
+                    *result_conditions(
+                        probe=name, target=target, monitor=None, since=since, until=until
+                    )
+                )
                 .order_by(RESULTS.c.started_at, RESULTS.c.id)
             )
             for monitor, tgt, started, rid in self._rows(query):
@@ -319,7 +316,9 @@ class Queries:
         found = [
             name
             for name in sorted(PROBES)
-            if self._rows(select(RESULTS.c.id).where(RESULTS.c.probe == name).limit(1))
+            if self._rows(
+                select(RESULTS.c.id).where(*result_conditions(probe=name, purpose=None)).limit(1)
+            )
         ]
         # Any other name sorts between two registered ones: one index seek per gap.
         names = sorted(PROBES)
@@ -342,6 +341,7 @@ class Queries:
                 func.min(RESULTS.c.started_at),
                 func.max(RESULTS.c.started_at),
             )
+            .where(*result_conditions())
             .group_by(RESULTS.c.target, RESULTS.c.probe)
             .order_by(RESULTS.c.target, RESULTS.c.probe)
         )
@@ -351,11 +351,17 @@ class Queries:
         ]
 
     def targets(self) -> list[str]:
-        query = select(RESULTS.c.target).distinct().order_by(RESULTS.c.target)
+        query = (
+            select(RESULTS.c.target)
+            .where(*result_conditions())
+            .distinct()
+            .order_by(RESULTS.c.target)
+        )
         return [r[0] for r in self._rows(query)]
 
     def has_target(self, target: str) -> bool:
-        query = select(RESULTS.c.id).where(RESULTS.c.target == target).limit(1)
+        # Known: any result names it (a study's too); the pages then show its routine ones.
+        query = select(RESULTS.c.id).where(*result_conditions(target=target, purpose=None)).limit(1)
         return bool(self._rows(query))
 
     def target_summary(self, target: str) -> list[dict[str, Any]]:
@@ -368,7 +374,7 @@ class Queries:
                 func.min(RESULTS.c.started_at),
                 func.max(RESULTS.c.started_at),
             )
-            .where(RESULTS.c.target == target)
+            .where(*result_conditions(target=target))
             .group_by(RESULTS.c.monitor, RESULTS.c.probe)
             .order_by(RESULTS.c.monitor, RESULTS.c.probe)
         )
@@ -394,7 +400,11 @@ class Queries:
         probes = self.cached(("probes",), self.probes) if since or until else None
         query = (
             select(RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.outcome, func.count())
-            .where(*_conditions(probes, None, None, since, until))
+            .where(
+                *result_conditions(
+                    probe=probes, target=None, monitor=None, since=since, until=until
+                )
+            )
             .group_by(RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.outcome)
             .order_by(RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.outcome)
         )
@@ -504,7 +514,11 @@ class Queries:
         probes = sorted({m.probe for m in metrics})
         query = (
             select(bucket, *columns)
-            .where(*_conditions(probes, target, monitor, since, until))
+            .where(
+                *result_conditions(
+                    probe=probes, target=target, monitor=monitor, since=since, until=until
+                )
+            )
             .group_by(bucket)
         )
         return [
@@ -614,7 +628,9 @@ def latest_document(
     """The newest (started_at, outcome, data) of ``probe`` against ``target``."""
     query = (
         select(RESULTS.c.started_at, RESULTS.c.outcome, RESULTS.c.data)
-        .where(*_conditions(probe, target, monitor, None, None))
+        .where(
+            *result_conditions(probe=probe, target=target, monitor=monitor, since=None, until=None)
+        )
         .order_by(RESULTS.c.started_at.desc(), RESULTS.c.id.desc())
         .limit(1)
     )
