@@ -10,6 +10,7 @@ registered probe with all its metrics, so a probe added later is charted with no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -257,7 +258,7 @@ def _charts(
     frames: dict[str, Frame],
     metrics: dict[str, Metric],
     events: list[float],
-    marks: Any,
+    marks: Callable[..., list[tuple[float, str]]],
 ) -> list[Chart]:
     """The layout's charts, then one per registered probe the layout does not chart."""
     charts = []
