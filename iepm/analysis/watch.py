@@ -148,14 +148,18 @@ class AlertWatcher:
         self.store = store
         self.narrow = narrow
         self.forecasts = forecasts  # only the adaptive cadence needs them (~50 ms per sample)
-        # Derived when the watcher starts: probes registered by then are watched.
-        self.rules = alert_rules() if rules is None else tuple(rules)
+        # None: the registry's rules, read at each result (a probe registered later is watched).
+        self._rules = None if rules is None else tuple(rules)
         self.history = history
         self.tracks: dict[tuple[str, str, str], Track] = {}
         self.alerts: list[Alert] = []  # raised since this watcher started, oldest first
         self.cycle = 0
         self._routes: dict[str, Route] = {}
         self._suspect_until: dict[str, int] = {}
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return alert_rules() if self._rules is None else self._rules
 
     # -- the scheduler's hooks ---------------------------------------------------------------
 

@@ -85,7 +85,7 @@ class Metric:
     to_base: float = 1.0
     base_unit: str = ""
     rollup: bool = False
-    alert: dict[str, float | int] | None = field(default=None, hash=False, compare=False)
+    alert: dict[str, float | int] | None = field(default=None, hash=False)
     forecast: bool = False
     headline: bool = False
     failed_runs: bool = False

@@ -301,3 +301,66 @@ def test_the_web_layer_charts_and_exports_a_registered_probe(
         line = 'iepm_tcpconnect_connect_seconds{monitor="test-mon",target="local"} '
         (value,) = [float(s[len(line) :]) for s in scraped.splitlines() if s.startswith(line)]
         assert value == pytest.approx(newest.data["connect_ms"] * 1e-3)
+
+
+class Gate(TcpConnect):
+    """TCP connect as a reachability gate (as ping is): its failure skips the heavy probes."""
+
+    NAME = "tcpgate"
+    META = ProbeMeta(scheduling="background", gates=True)
+    METRICS = ()
+
+    @staticmethod
+    async def run(spec: Any, ctx: ProbeContext) -> Result:
+        return await execute(Gate, spec, ctx)  # type: ignore[arg-type]
+
+
+class Heavy(TcpConnect):
+    """TCP connect scheduled as an exclusive (bandwidth-class) probe."""
+
+    NAME = "tcpheavy"
+    META = ProbeMeta(scheduling="exclusive")
+    METRICS = ()
+
+    @staticmethod
+    async def run(spec: Any, ctx: ProbeContext) -> Result:
+        return await execute(Heavy, spec, ctx)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def gate_and_heavy() -> Iterator[None]:
+    register(Gate)
+    register(Heavy)
+    try:
+        yield
+    finally:
+        unregister(Gate.NAME)
+        unregister(Heavy.NAME)
+
+
+@pytest.mark.parametrize("gate_up", [True, False])
+def test_a_registered_gating_probe_guards_the_exclusive_ones(
+    tmp_path: Path, listener: int, gate_and_heavy: None, gate_up: bool
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+        gate_port = listener if gate_up else closed.getsockname()[1]
+        text = targets_toml(tmp_path, listener).replace(
+            'probes = ["tcpconnect"]\n[targets.tcpconnect]',
+            f'probes = ["tcpgate", "tcpheavy"]\n[targets.tcpgate]\nport = {gate_port}\n'
+            "[targets.tcpheavy]",
+        )
+        config = load_config_text(text)
+        with Archive.open(config.monitor.archive) as archive:
+            report = asyncio.run(Scheduler(config, archive, watchers=[]).run_cycle())
+    by = {r.probe: r for r in report.results}
+    assert by["tcpgate"].succeeded is gate_up, by["tcpgate"].error
+    if gate_up:
+        assert by["tcpheavy"].succeeded, by["tcpheavy"].error
+    else:
+        assert by["tcpheavy"].outcome.value == "skipped"
+        assert by["tcpheavy"].error == (
+            "skipped because tcpgate to local (127.0.0.1) failed and ping_expected=true: "
+            f"{by['tcpgate'].error}"
+        )
+        assert "connect failed: Connection refused" in (by["tcpgate"].error or "")
