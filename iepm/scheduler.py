@@ -114,6 +114,21 @@ class SchedulerHealth:
     raw_log_last_error: str | None = None
     watcher_skipped: int = 0  # results not shown to watchers (their archive was down)
 
+    def gauges(self) -> list[tuple[str, str, float]]:
+        """(name, help, value) of what is waiting and where the archive stands, for /metrics."""
+        return [
+            ("iepm_archive_up", "1 when the last archive call succeeded, else 0",
+             float(self.archive_state == "up")),
+            ("iepm_spool_pending_results", "Results in the spool, not yet in the archive",
+             self.spool_pending_results),
+            ("iepm_spool_pending_cycles", "Cycle records in the spool, not yet in the archive",
+             self.spool_pending_cycles),
+            ("iepm_held_results", "Results held in memory (spool and archive unwritable)",
+             self.held_results),
+            ("iepm_raw_log_held_records", "Raw-log records held in memory (disk full)",
+             self.raw_log_held),
+        ]  # fmt: skip
+
     def degraded(self) -> str | None:
         """One line on what is not in the archive yet, or None when nothing is waiting."""
         waiting = []
