@@ -276,6 +276,9 @@ def test_iepm_run_starts_with_the_archive_down_and_catches_up(tmp_path: Path) ->
         assert down.stdout.count(" ping ok: ") == 2
         assert "spooled" in down.stdout and "archive down" in down.stdout
         assert Spool(tmp_path / "raw" / "spool.jsonl").count() == (2, 1)
+        restarted = Scheduler(load_config_text(path.read_text()), Archive.connect(url))
+        assert restarted.health.spool_pending_results == 2  # shown before any archive call
+        assert restarted.health.degraded() == "archive unknown; 2 results, 1 cycles spooled"
         pg.start()
         up = run_once()
         assert up.returncode == 0, up.stderr
