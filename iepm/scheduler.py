@@ -114,6 +114,21 @@ class SchedulerHealth:
     raw_log_last_error: str | None = None
     watcher_skipped: int = 0  # results not shown to watchers (their archive was down)
 
+    def gauges(self) -> list[tuple[str, str, float]]:
+        """(name, help, value) of what is waiting and where the archive stands, for /metrics."""
+        return [
+            ("iepm_archive_up", "1 when the last archive call succeeded, else 0",
+             float(self.archive_state == "up")),
+            ("iepm_spool_pending_results", "Results in the spool, not yet in the archive",
+             self.spool_pending_results),
+            ("iepm_spool_pending_cycles", "Cycle records in the spool, not yet in the archive",
+             self.spool_pending_cycles),
+            ("iepm_held_results", "Results held in memory (spool and archive unwritable)",
+             self.held_results),
+            ("iepm_raw_log_held_records", "Raw-log records held in memory (disk full)",
+             self.raw_log_held),
+        ]  # fmt: skip
+
     def degraded(self) -> str | None:
         """One line on what is not in the archive yet, or None when nothing is waiting."""
         waiting = []
@@ -201,6 +216,10 @@ class Scheduler:
         self.rng = rng or random.Random()
         self.exclusive = asyncio.Lock()
         self.health = SchedulerHealth()
+        try:  # a spool left by an earlier run (e.g. restarted during an outage) shows at once
+            self.health.spool_pending_results, self.health.spool_pending_cycles = self.spool.count()
+        except OSError as exc:
+            log.error("cannot read the spool %s: %s", self.spool.path, exc)
         self.cycle_number = 0
         self.alert_watcher: AlertWatcher | None
         if watchers is None:
@@ -352,20 +371,24 @@ class Scheduler:
             self.raw_log.catch_up()
             self._sync_raw_log_health()
         # Memory first to the spool (its disk may have space again): one place to write back.
-        while self._held_results:
+        moved = 0
+        for result in self._held_results:
             try:
-                self.spool.append_result(self._held_results[0])
+                self.spool.append_result(result)
             except OSError:
                 break
-            self._held_results.pop(0)
-            self.health.spool_pending_results += 1
-        while self._held_cycles:
+            moved += 1
+        del self._held_results[:moved]
+        self.health.spool_pending_results += moved
+        moved = 0
+        for cycle in self._held_cycles:
             try:
-                self.spool.append_cycle(self._held_cycles[0])
+                self.spool.append_cycle(cycle)
             except OSError:
                 break
-            self._held_cycles.pop(0)
-            self.health.spool_pending_cycles += 1
+            moved += 1
+        del self._held_cycles[:moved]
+        self.health.spool_pending_cycles += moved
         written = 0
         if not self._archive_usable():
             self._update_held_health()

@@ -12,7 +12,9 @@ Everything except the in-process scheduler counters is read from the archive, so
   ``iepm_cycle_overruns_total{monitor}``; ``iepm_alerts_total{cause}`` (step changes found by
   the analysis, by likely cause: route, host, tuning, unknown);
 - with a scheduler in the same process: ``iepm_archive_write_failures_total`` and
-  ``iepm_spooled_results_total`` (a failed archive write is, by its nature, not in the archive).
+  ``iepm_spooled_results_total`` (a failed archive write is, by its nature, not in the archive),
+  and the gauges of ``SchedulerHealth.gauges()`` (``iepm_archive_up``, what waits in the spool
+  or in memory).
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ class ArchiveCollector(Collector):
                 "Results written to the spool file",
                 value=self.health.spooled_results,
             )
+            for name, text, value in self.health.gauges():
+                yield GaugeMetricFamily(name, text, value=value)
 
 
 def metrics_text(queries: Queries, health: SchedulerHealth | None) -> tuple[bytes, str]:

@@ -276,6 +276,9 @@ def test_iepm_run_starts_with_the_archive_down_and_catches_up(tmp_path: Path) ->
         assert down.stdout.count(" ping ok: ") == 2
         assert "spooled" in down.stdout and "archive down" in down.stdout
         assert Spool(tmp_path / "raw" / "spool.jsonl").count() == (2, 1)
+        restarted = Scheduler(load_config_text(path.read_text()), Archive.connect(url))
+        assert restarted.health.spool_pending_results == 2  # shown before any archive call
+        assert restarted.health.degraded() == "archive unknown; 2 results, 1 cycles spooled"
         pg.start()
         up = run_once()
         assert up.returncode == 0, up.stderr
@@ -283,3 +286,24 @@ def test_iepm_run_starts_with_the_archive_down_and_catches_up(tmp_path: Path) ->
         with Archive.open(url) as archive:
             assert archive.count() == 4 and len(list(archive.cycles())) == 2
         assert not Spool(tmp_path / "raw" / "spool.jsonl").pending()
+
+
+def test_metrics_show_the_archive_state_and_what_waits(tmp_path: Path, archive_url: str) -> None:
+    from iepm.web.metrics import metrics_text
+    from iepm.web.queries import Queries
+
+    config = config_for(archive_url, tmp_path / "raw")
+    with Archive.open(archive_url) as archive:
+        scheduler = Scheduler(config, archive)
+        scheduler.health.archive_state = "down"
+        scheduler.health.spool_pending_results = 3
+        scheduler.health.raw_log_held = 2
+        queries = Queries(archive_url)
+        try:
+            body, _type = metrics_text(queries, scheduler.health)
+        finally:
+            queries.close()
+    text = body.decode()
+    assert "iepm_archive_up 0.0" in text
+    assert "iepm_spool_pending_results 3.0" in text
+    assert "iepm_raw_log_held_records 2.0" in text
