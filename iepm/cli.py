@@ -294,14 +294,16 @@ def run_cmd(
 ) -> None:
     """Run measurement cycles as the config says (forever, unless --once or --cycles)."""
     from iepm.console import LiveTable
-    from iepm.scheduler import Scheduler
+    from iepm.scheduler import CycleReport, Scheduler
     from iepm.store import Archive
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         loaded = load_config(config)
-        archive = Archive.open(loaded.monitor.archive)
+        # Not opened yet: a monitor restarted while its archive is down (full disk, database
+        # stopped) measures and spools, and the schema is checked once the archive answers.
+        archive = Archive.connect(loaded.monitor.archive)
     except IepmError as exc:
         raise fail(str(exc)) from None
     count = 1 if once else cycles
@@ -323,16 +325,21 @@ def run_cmd(
                 sys.stdout.flush()
 
         scheduler = Scheduler(loaded, archive, on_result=on_result)
+
+        def on_cycle(report: CycleReport) -> None:
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
+            state = scheduler.health.degraded()
+            console.print(
+                f"cycle {report.number}: {len(report.results)} results ({outcomes}) in "
+                f"{report.duration_s:.1f} s"
+                + (" — OVERRAN its interval" if report.overran else "")
+                + (f" — {state}" if state else "")
+            )
+
         try:
-            reports = asyncio.run(scheduler.run(cycles=count))
+            asyncio.run(scheduler.run(cycles=count, on_cycle=on_cycle))
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
-    for report in reports:
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
-        console.print(
-            f"cycle {report.number}: {len(report.results)} results ({outcomes}) in "
-            f"{report.duration_s:.1f} s" + (" — OVERRAN its interval" if report.overran else "")
-        )
 
 
 def _line(result: Result) -> str:

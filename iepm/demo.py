@@ -256,9 +256,12 @@ class Demo:
             self.scheduler = Scheduler(self.config, self.archive, on_result=on_result)
         return self.scheduler
 
-    def run_cycles(self, cycles: int | None) -> list[CycleReport]:
-        """Run ``cycles`` cycles (forever when None) at the configured interval."""
-        return asyncio.run(self.open().run(cycles=cycles))
+    def run_cycles(
+        self, cycles: int | None, on_cycle: Callable[[CycleReport], object] | None = None
+    ) -> CycleReport | None:
+        """Run ``cycles`` cycles (forever when None) at the configured interval; each report
+        goes to ``on_cycle``, the last is returned."""
+        return asyncio.run(self.open().run(cycles=cycles, on_cycle=on_cycle))
 
     def close(self) -> None:
         """Stop the servers (by PID) and tear the lab down; safe to call twice."""
@@ -295,6 +298,7 @@ def run_demo(
     """The ``iepm demo`` command: start, serve, measure until Ctrl-C (or ``cycles`` cycles),
     then tear everything down."""
     from iepm.web.cli import parse_listen
+    from iepm.web.places import places_of
     from iepm.web.server import serve_in_background
 
     host, port = parse_listen(listen)
@@ -315,15 +319,21 @@ def run_demo(
             scheduler = demo.open(on_result)
             if serve:
                 server = serve_in_background(
-                    demo.config.monitor.archive, host, port, health=scheduler.health
+                    demo.config.monitor.archive,
+                    host,
+                    port,
+                    health=scheduler.health,
+                    places=places_of(demo.config),
                 )
                 demo.stack.callback(server.stop)
                 console.print(f"iepm demo: dashboard at {server.url}  (Ctrl-C stops the demo)")
             sys.stdout.flush()
-            reports = demo.run_cycles(cycles)
-            for report in reports:
+
+            def on_cycle(report: CycleReport) -> None:
                 outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
                 console.print(f"cycle {report.number}: {outcomes} in {report.duration_s:.1f} s")
+
+            demo.run_cycles(cycles, on_cycle)
             console.print(
                 f"archive: {demo.config.monitor.archive}\n"
                 f"try: iepm serve --db {demo.config.monitor.archive}"

@@ -17,10 +17,14 @@ exactly as the first extraction did::
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
 import os
 import re
 import shlex
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,11 +58,31 @@ class LoggedRun:
     params: dict[str, Any] | None = None
 
 
+# Records held in memory while the raw-log file system refuses writes (ENOSPC, EIO), written
+# in order once it takes them again; beyond this many bytes the oldest are given up (counted).
+MAX_HELD_BYTES = 64 * 1024 * 1024
+log = logging.getLogger(__name__)
+
+
 class RawLog:
-    """Append-only raw log directory."""
+    """Append-only raw log directory.
+
+    A write that fails (a full disk) never fails the probe: the record is held in memory and
+    appended before the next record, and ``held``/``write_failures``/``last_error`` say so.
+    """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
+        self._held: deque[tuple[Path, bytes]] = deque()
+        self._held_bytes = 0
+        self.write_failures = 0
+        self.dropped = 0
+        self.last_error: str | None = None
+
+    @property
+    def held(self) -> int:
+        """Records waiting in memory for the file system to take them."""
+        return len(self._held)
 
     def path_for(self, target: str, probe: str, moment: datetime) -> Path:
         day = moment.strftime("%Y-%m-%d")
@@ -67,17 +91,40 @@ class RawLog:
     def append(
         self, target: str, probe: str, raw: RawRun, params: dict[str, Any] | None = None
     ) -> Path:
+        """Append one record (fsynced); where it goes, even if it is held in memory for now."""
         path = self.path_for(target, probe, raw.started_at)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        record = format_record(target, probe, raw, params)
-        # One write of the whole record, then fsync: a kill can only cut the last record.
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, record.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        record = format_record(target, probe, raw, params).encode("utf-8")
+        self._held.append((path, record))
+        self._held_bytes += len(record)
+        self.catch_up()
         return path
+
+    def catch_up(self) -> int:
+        """Write the held records, oldest first, until one fails; returns how many are left."""
+        while self._held:
+            path, record = self._held[0]
+            try:
+                _write_record(path, record)
+            except OSError as exc:
+                self.write_failures += 1
+                self.last_error = f"{path}: {exc.strerror or exc}"
+                log.error(
+                    "raw log not writable, %d records held in memory: %s",
+                    len(self._held),
+                    self.last_error,
+                )
+                self._bound()
+                return len(self._held)
+            self._held.popleft()
+            self._held_bytes -= len(record)
+        return 0
+
+    def _bound(self) -> None:
+        while self._held_bytes > MAX_HELD_BYTES and len(self._held) > 1:
+            _path, record = self._held.popleft()
+            self._held_bytes -= len(record)
+            self.dropped += 1
+            log.error("raw log: %d held records given up (memory bound)", self.dropped)
 
     def files(self) -> list[Path]:
         return sorted(self.directory.glob("*/*.log"))
@@ -85,6 +132,26 @@ class RawLog:
     def runs(self) -> Iterator[LoggedRun]:
         for path in self.files():
             yield from read_log(path)
+
+
+def _write_record(path: Path, record: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One write of the whole record, then fsync: a kill can only cut the last record, and a
+    # write the disk refuses part-way is cut back off, so no torn record stays behind.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, record)
+            if written != len(record):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(record)} bytes)")
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _text_block(text: str) -> str:
@@ -148,7 +215,9 @@ def read_log(path: Path) -> Iterator[LoggedRun]:
             stderr_lines.append(lines[j])
             j += 1
         if j >= len(lines):
-            return  # truncated final record
+            # A record cut short (a crash or a full disk): skip it, keep reading after it.
+            i = start + 1
+            continue
         i = j + 1
         exit_text = match["exit"]
         raw = RawRun(

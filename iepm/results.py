@@ -25,6 +25,14 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
 
 
+class Purpose(StrEnum):
+    """Why a run was made: the path's routine series, or a tuning/impact study (kept beside
+    the routine series, never in its charts, statistics, rollups or alerts)."""
+
+    ROUTINE = "routine"
+    STUDY = "study"
+
+
 def new_result_id() -> str:
     return uuid.uuid4().hex
 
@@ -60,6 +68,7 @@ class Result(BaseModel):
     error: str | None = None
     diags: str = ""
     raw_token: str | None = None
+    purpose: Purpose = Purpose.ROUTINE
     params: dict[str, Any] = Field(default_factory=dict)
     data: dict[str, Any] = Field(default_factory=dict)
 

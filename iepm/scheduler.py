@@ -8,9 +8,15 @@ fails, the heavy probes are skipped and recorded as skipped, with the reason (th
 rule: a dead path would otherwise cost a full iperf3 timeout per probe).
 
 Each result is written to the archive in its own transaction as soon as its probe finishes.
-If the archive cannot be written, the result is appended to a spool file beside the raw logs and
-written back at the start of the next cycle. A cycle that overruns its interval is recorded and
-the next one starts late rather than overlapping.
+No archive call runs on the event loop: each runs on one worker thread with a deadline
+(:mod:`iepm.store.guard`), so a hung or frozen database can never stretch a probe past its own
+deadline. If the archive cannot take a result (down, hung, full), the result is appended to the
+spool beside the raw logs (:mod:`iepm.store.spool`); if the spool's disk is full too, it is held
+in memory. Cycle records take the same path. Everything waiting is written back — idempotently —
+at the start of the next cycle, and as soon as the archive takes a write again. ``iepm run``
+starts with the archive unreachable and spools until it is back. :class:`SchedulerHealth` says
+where results went and what is waiting. A cycle that overruns its interval is recorded and the
+next one starts late rather than overlapping.
 
 After each result is stored it goes to the *watchers* (by default the alert watcher of
 :mod:`iepm.analysis.watch`, as ``[monitor] alerts`` asks): a watcher that fails is logged and
@@ -22,9 +28,9 @@ deferral is counted and listed in the cycle's report, and no result is stored fo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -46,9 +52,12 @@ from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.results import Outcome, Result, utcnow
 from iepm.store import Archive, Cycle
+from iepm.store.guard import ArchiveDeadline, Guard
+from iepm.store.spool import Spool
 from iepm.tuned import load_tuned
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Extra time past a probe's own deadline before the scheduler gives up on it (the runner's kill
 # has its own deadline; this guards against a bug anywhere else in the probe).
@@ -80,13 +89,78 @@ class SchedulerHealth:
     runs_by_outcome: Counter[str] = field(default_factory=Counter)
     cycles: int = 0
     cycle_overruns: int = 0
+    # Results (and cycle records) the archive did not take when they were made.
     archive_write_failures: int = 0
     spooled_results: int = 0
     watcher_errors: int = 0
     deferred_runs: int = 0
+    # Where each result went first: "archive", "spool" or "memory" (spool unwritable too).
+    stored_in: Counter[str] = field(default_factory=Counter)
+    spooled_cycles: int = 0
+    # Waiting now to be written to the archive.
+    spool_pending_results: int = 0
+    spool_pending_cycles: int = 0
+    held_results: int = 0  # in memory: the spool's disk refused them too
+    held_cycles: int = 0
+    dropped_results: int = 0  # over the memory bound (never expected; logged)
+    spool_write_failures: int = 0
+    spool_rejected_lines: int = 0
+    caught_up_results: int = 0  # written back from spool or memory
+    # "unknown" (not reached yet), "up" or "down"; the last archive error and when it was up.
+    archive_state: str = "unknown"
+    archive_last_error: str | None = None
+    archive_last_ok_at: datetime | None = None
+    raw_log_write_failures: int = 0
+    raw_log_held: int = 0
+    raw_log_last_error: str | None = None
+    watcher_skipped: int = 0  # results not shown to watchers (their archive was down)
+
+    def gauges(self) -> list[tuple[str, str, float]]:
+        """(name, help, value) of what is waiting and where the archive stands, for /metrics."""
+        return [
+            ("iepm_archive_up", "1 when the last archive call succeeded, else 0",
+             float(self.archive_state == "up")),
+            ("iepm_spool_pending_results", "Results in the spool, not yet in the archive",
+             self.spool_pending_results),
+            ("iepm_spool_pending_cycles", "Cycle records in the spool, not yet in the archive",
+             self.spool_pending_cycles),
+            ("iepm_held_results", "Results held in memory (spool and archive unwritable)",
+             self.held_results),
+            ("iepm_raw_log_held_records", "Raw-log records held in memory (disk full)",
+             self.raw_log_held),
+        ]  # fmt: skip
+
+    def degraded(self) -> str | None:
+        """One line on what is not in the archive yet, or None when nothing is waiting."""
+        waiting = []
+        if self.spool_pending_results or self.spool_pending_cycles:
+            waiting.append(
+                f"{self.spool_pending_results} results, {self.spool_pending_cycles} cycles spooled"
+            )
+        if self.held_results or self.held_cycles:
+            waiting.append(f"{self.held_results} results, {self.held_cycles} cycles in memory")
+        if self.raw_log_held:
+            waiting.append(f"{self.raw_log_held} raw-log records in memory")
+        if not waiting and self.archive_state != "down":
+            return None
+        errors = [e for e in (self.archive_last_error, self.raw_log_last_error) if e]
+        return (
+            f"archive {self.archive_state}; "
+            + ("; ".join(waiting) or "nothing waiting")
+            + (f"; last error: {errors[0]}" if errors else "")
+        )
 
 
 ResultCallback = Callable[[Result], None]
+# Deadline of one archive call (a result, a cycle record, a watcher's look at the history).
+ARCHIVE_CALL_S = 10.0
+# After a call outlived its deadline (a hung database), results go straight to the spool for this
+# long before the archive is tried again (a quick refusal is retried with the next result).
+ARCHIVE_RETRY_S = 30.0
+# Extra deadline per record written back from the spool.
+CATCH_UP_PER_RECORD_S = 0.05
+# Results and cycle records held in memory when the spool's disk is full as well.
+MAX_HELD = 100_000
 # How long close() lets the watchers finish pending work (webhook deliveries run in a thread of
 # their own; after this they are stopped and the alerts stay recorded as undelivered).
 WATCHER_CLOSE_S = 10.0
@@ -105,6 +179,18 @@ def _setup_budget_s(target: TargetConfig) -> float:
     return remote.setup_budget_s() if remote is not None else 0.0
 
 
+class _Count:
+    """An integer changed from the loop and from the archive's worker thread."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
 class Scheduler:
     def __init__(
         self,
@@ -121,10 +207,20 @@ class Scheduler:
         self.archive = archive
         self.raw_log = RawLog(config.monitor.log_dir)
         self.spool_path = Path(config.monitor.log_dir) / "spool.jsonl"
+        self.spool = Spool(self.spool_path)
+        self.guard = Guard()
+        self._stuck = _Count()
+        self._blocked_until = 0.0
+        self._held_results: list[Result] = []
+        self._held_cycles: list[Cycle] = []
         self.on_result = on_result
         self.rng = rng or random.Random()
         self.exclusive = asyncio.Lock()
         self.health = SchedulerHealth()
+        try:  # a spool left by an earlier run (e.g. restarted during an outage) shows at once
+            self.health.spool_pending_results, self.health.spool_pending_cycles = self.spool.count()
+        except OSError as exc:
+            log.error("cannot read the spool %s: %s", self.spool.path, exc)
         self.cycle_number = 0
         self.alert_watcher: AlertWatcher | None
         if watchers is None:
@@ -140,61 +236,237 @@ class Scheduler:
 
     # -- storing -------------------------------------------------------------------------------
 
-    def _store(self, result: Result) -> None:
-        self.health.runs_by_outcome[result.outcome.value] += 1
+    def _archive_usable(self) -> bool:
+        """Whether to try the archive now: not while a call that outlived its deadline is still
+        stuck in it, nor for a while after one did (every try would cost a full deadline)."""
+        return self._stuck.value == 0 and time.monotonic() >= self._blocked_until
+
+    async def _archive_call(self, deadline_s: float, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on the archive's worker thread within ``deadline_s``; marks the
+        archive up or down. Raises StoreError or ArchiveDeadline."""
+        future = self.guard.submit(self._prepared, fn, *args)
         try:
-            self.archive.add(result)
+            value = await asyncio.wait_for(asyncio.wrap_future(future), deadline_s)
+        except TimeoutError:
+            if not future.cancel():  # running: stuck in the database until it answers
+                self._stuck.add(1)
+                future.add_done_callback(lambda _done: self._stuck.add(-1))
+            self._archive_down(f"no answer within {deadline_s:g} s (hung?)", hung=True)
+            raise ArchiveDeadline(f"archive call took longer than {deadline_s:g} s") from None
         except StoreError as exc:
-            self.health.archive_write_failures += 1
-            log.error("archive write failed, result spooled to %s: %s", self.spool_path, exc)
-            self._spool(result)
+            self._archive_down(str(exc), hung=False)
+            raise
+        self.health.archive_state = "up"
+        self.health.archive_last_ok_at = utcnow()
+        return value
+
+    def _prepared(self, fn: Callable[..., T], *args: object) -> T:
+        prepare = getattr(self.archive, "prepare", None)
+        if prepare is not None:
+            prepare()  # the schema check of an archive opened while it was unreachable
+        return fn(*args)
+
+    def _archive_down(self, error: str, *, hung: bool) -> None:
+        if self.health.archive_state != "down":
+            log.error("archive %s unavailable, spooling: %s", self.archive.url, error)
+        self.health.archive_state = "down"
+        self.health.archive_last_error = error
+        if hung:
+            self._blocked_until = time.monotonic() + ARCHIVE_RETRY_S
+
+    async def _store(self, result: Result) -> None:
+        self.health.runs_by_outcome[result.outcome.value] += 1
+        where = await self._persist(result)
+        self.health.stored_in[where] += 1
+        self._sync_raw_log_health()
         if self.on_result is not None:
             self.on_result(result)
-        for watcher in self.watchers:
-            try:
-                watcher.observe(result)
-            except Exception:  # a watcher's bug must never stop measurements
-                self.health.watcher_errors += 1
-                log.exception("watcher %s failed on result %s", type(watcher).__name__, result.id)
+        if where != "archive":
+            self.health.watcher_skipped += bool(self.watchers)
+        else:
+            for watcher in self.watchers:
+                try:
+                    await self._archive_call(ARCHIVE_CALL_S, watcher.observe, result)
+                except (StoreError, ArchiveDeadline) as exc:
+                    self.health.watcher_errors += 1
+                    log.error("watcher %s: %s", type(watcher).__name__, exc)
+                except Exception:  # a watcher's bug must never stop measurements
+                    self.health.watcher_errors += 1
+                    log.exception(
+                        "watcher %s failed on result %s", type(watcher).__name__, result.id
+                    )
+            if self._waiting():
+                await self.catch_up()  # the archive is back: write back what waited
 
-    def _notify_watchers(self, hook: str, *args: object) -> None:
+    async def _persist(self, result: Result) -> str:
+        """Write ``result`` to the archive, else the spool, else memory; says which."""
+        if self._archive_usable():
+            try:
+                await self._archive_call(ARCHIVE_CALL_S, self.archive.add, result)
+                return "archive"
+            except (StoreError, ArchiveDeadline):
+                pass
+        self.health.archive_write_failures += 1
+        return self._spool_result(result)
+
+    def _spool_result(self, result: Result) -> str:
+        try:
+            self.spool.append_result(result)
+        except OSError as exc:
+            self._spool_failed(exc)
+            self._held_results.append(result)
+            self._bound_held()
+            self.health.held_results = len(self._held_results)
+            log.error("result %s held in memory (spool and archive unwritable)", result.id)
+            return "memory"
+        self.health.spooled_results += 1
+        self.health.spool_pending_results += 1
+        log.warning("result %s spooled to %s", result.id, self.spool.path)
+        return "spool"
+
+    async def _persist_cycle(self, cycle: Cycle) -> str:
+        if self._archive_usable():
+            try:
+                await self._archive_call(ARCHIVE_CALL_S, self.archive.add_cycle, cycle)
+                return "archive"
+            except (StoreError, ArchiveDeadline):
+                pass
+        self.health.archive_write_failures += 1
+        try:
+            self.spool.append_cycle(cycle)
+        except OSError as exc:
+            self._spool_failed(exc)
+            self._held_cycles.append(cycle)
+            self.health.held_cycles = len(self._held_cycles)
+            return "memory"
+        self.health.spooled_cycles += 1
+        self.health.spool_pending_cycles += 1
+        return "spool"
+
+    def _spool_failed(self, exc: OSError) -> None:
+        self.health.spool_write_failures += 1
+        self.health.archive_last_error = (
+            f"{self.health.archive_last_error}; spool {self.spool.path}: {exc.strerror or exc}"
+        )
+
+    def _bound_held(self) -> None:
+        excess = len(self._held_results) - MAX_HELD
+        if excess > 0:
+            del self._held_results[:excess]
+            self.health.dropped_results += excess
+            log.error("%d results held in memory given up (bound %d)", excess, MAX_HELD)
+
+    def _waiting(self) -> bool:
+        return bool(self._held_results or self._held_cycles or self.spool.pending())
+
+    def _sync_raw_log_health(self) -> None:
+        raw = self.raw_log
+        self.health.raw_log_write_failures = raw.write_failures
+        self.health.raw_log_held = raw.held
+        self.health.raw_log_last_error = raw.last_error
+
+    async def catch_up(self) -> int:
+        """Write back everything waiting (memory, then the spool), within deadlines; returns
+        how many results reached the archive. Whatever cannot be written stays where it is."""
+        if self.raw_log.held:
+            self.raw_log.catch_up()
+            self._sync_raw_log_health()
+        # Memory first to the spool (its disk may have space again): one place to write back.
+        moved = 0
+        for result in self._held_results:
+            try:
+                self.spool.append_result(result)
+            except OSError:
+                break
+            moved += 1
+        del self._held_results[:moved]
+        self.health.spool_pending_results += moved
+        moved = 0
+        for cycle in self._held_cycles:
+            try:
+                self.spool.append_cycle(cycle)
+            except OSError:
+                break
+            moved += 1
+        del self._held_cycles[:moved]
+        self.health.spool_pending_cycles += moved
+        written = 0
+        if not self._archive_usable():
+            self._update_held_health()
+            return 0
+        try:
+            if self._held_results or self._held_cycles:  # the spool's disk is still full
+                results, cycles = list(self._held_results), list(self._held_cycles)
+                deadline = ARCHIVE_CALL_S + CATCH_UP_PER_RECORD_S * (len(results) + len(cycles))
+                await self._archive_call(deadline, self._write_back, results, cycles)
+                del self._held_results[: len(results)]
+                del self._held_cycles[: len(cycles)]
+                written += len(results)
+            if self.spool.pending():
+                pending = self.health.spool_pending_results + self.health.spool_pending_cycles
+                deadline = ARCHIVE_CALL_S + CATCH_UP_PER_RECORD_S * max(pending, 1000)
+                n_results, n_cycles, rejected = await self._archive_call(
+                    deadline, self.spool.flush, self.archive.add_new, self.archive.add_cycles_new
+                )
+                written += n_results
+                self.health.spool_rejected_lines += len(rejected)
+                self.health.spool_pending_results = 0
+                self.health.spool_pending_cycles = 0
+                log.info(
+                    "archive caught up: %d results and %d cycles written back from %s",
+                    n_results,
+                    n_cycles,
+                    self.spool.path,
+                )
+        except (StoreError, ArchiveDeadline) as exc:
+            log.error("archive not writable yet, records stay spooled: %s", exc)
+        except OSError as exc:
+            log.error("cannot read the spool %s: %s", self.spool.path, exc)
+        self.health.caught_up_results += written
+        self._update_held_health()
+        return written
+
+    def _write_back(self, results: list[Result], cycles: list[Cycle]) -> int:
+        count = self.archive.add_new(results)
+        self.archive.add_cycles_new(cycles)
+        return count
+
+    def _update_held_health(self) -> None:
+        self.health.held_results = len(self._held_results)
+        self.health.held_cycles = len(self._held_cycles)
+
+    def flush_spool(self) -> int:
+        """Write everything waiting back into the archive now (blocking, for tools and tests
+        outside a running loop); returns how many results reached the archive."""
+        return asyncio.run(self.catch_up())
+
+    async def _notify_watchers(self, hook: str, *args: object) -> None:
+        if not self._archive_usable():
+            return
         for watcher in self.watchers:
             method = getattr(watcher, hook, None)
             if method is None:
                 continue
             try:
-                method(*args)
+                await self._archive_call(ARCHIVE_CALL_S, method, *args)
+            except (StoreError, ArchiveDeadline) as exc:
+                self.health.watcher_errors += 1
+                log.error("watcher %s in %s: %s", type(watcher).__name__, hook, exc)
             except Exception:
                 self.health.watcher_errors += 1
                 log.exception("watcher %s failed in %s", type(watcher).__name__, hook)
 
     def close(self) -> None:
         """Let the watchers finish (e.g. webhook deliveries in flight), for a bounded time."""
-        self._notify_watchers("close", WATCHER_CLOSE_S)
-
-    def _spool(self, result: Result) -> None:
-        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.spool_path.open("a", encoding="utf-8") as spool:
-            spool.write(json.dumps(result.envelope()) + "\n")
-            spool.flush()
-        self.health.spooled_results += 1
-
-    def flush_spool(self) -> int:
-        """Write spooled results back into the archive; returns how many were written."""
-        if not self.spool_path.exists():
-            return 0
-        pending = [
-            Result.model_validate(json.loads(line))
-            for line in self.spool_path.read_text(encoding="utf-8").splitlines()
-            if line.strip()
-        ]
-        try:
-            self.archive.add_many(pending)
-        except StoreError as exc:
-            log.error("archive still not writable, %d results stay spooled: %s", len(pending), exc)
-            return 0
-        self.spool_path.unlink()
-        return len(pending)
+        for watcher in self.watchers:
+            method = getattr(watcher, "close", None)
+            if method is None:
+                continue
+            try:
+                method(WATCHER_CLOSE_S)
+            except Exception:
+                self.health.watcher_errors += 1
+                log.exception("watcher %s failed in close", type(watcher).__name__)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -208,15 +480,15 @@ class Scheduler:
             servers=server_source(target.remote()),
         )
 
-    def _spec(self, target: TargetConfig, probe: str) -> ProbeSpec:
+    async def _spec(self, target: TargetConfig, probe: str) -> ProbeSpec:
         tuned: dict[str, object] = {}
-        if target.use_tuned:
+        if target.use_tuned and self._archive_usable():
             try:
-                tuned = load_tuned(
-                    self.archive, monitor=self.config.monitor.name, target=target.name, probe=probe
-                )
-            except StoreError as exc:
+                tuned = await self._archive_call(ARCHIVE_CALL_S, self._tuned, target.name, probe)
+            except (StoreError, ArchiveDeadline) as exc:
                 log.warning("using untuned %s parameters for %s: %s", probe, target.name, exc)
+        elif target.use_tuned:
+            log.info("using untuned %s parameters for %s: archive down", probe, target.name)
         try:
             return self.config.spec_for(target, probe, tuned)
         except ValidationError as exc:
@@ -225,9 +497,15 @@ class Scheduler:
             log.warning("ignoring tuned %s parameters for %s: %s", probe, target.name, exc)
             return self.config.spec_for(target, probe)
 
+    def _tuned(self, target: str, probe: str) -> dict[str, object]:
+        return load_tuned(
+            self.archive, monitor=self.config.monitor.name, target=target, probe=probe
+        )
+
     async def _run_probe(self, module: ModuleType, target: TargetConfig) -> Result:
-        spec = self._spec(target, module.NAME)
+        spec = await self._spec(target, module.NAME)
         ctx = self._context(target)
+        started_at, t0 = utcnow(), time.monotonic()
         try:
             result: Result = await asyncio.wait_for(
                 module.run(spec, ctx), spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
@@ -239,8 +517,11 @@ class Scheduler:
                 ctx,
                 f"{module.NAME} to {target.name} overran its deadline and was abandoned",
                 outcome=Outcome.TIMEOUT,
+            ).model_copy(
+                # The time it really took, from when it really started.
+                update={"started_at": started_at, "duration_s": time.monotonic() - t0}
             )
-        self._store(result)
+        await self._store(result)
         return result
 
     async def run_target(self, target: TargetConfig) -> list[Result]:
@@ -258,9 +539,9 @@ class Scheduler:
             )
         for module in exclusive:
             if skip_reason:
-                spec = self._spec(target, module.NAME)
+                spec = await self._spec(target, module.NAME)
                 result = skipped_result(module, spec, self._context(target), skip_reason)
-                self._store(result)
+                await self._store(result)
                 results.append(result)
                 continue
             if self._deferred_by_cadence(target, module.NAME):
@@ -293,8 +574,8 @@ class Scheduler:
             started_at=utcnow(),
             interval_s=self.config.monitor.cycle_interval_s,
         )
-        self.flush_spool()
-        self._notify_watchers("cycle_started")
+        await self.catch_up()
+        await self._notify_watchers("cycle_started")
         self._deferred = report.deferred
         t0 = time.monotonic()
         order = list(self.config.targets)
@@ -314,39 +595,52 @@ class Scheduler:
                 report.duration_s,
                 report.interval_s,
             )
-        try:
-            self.archive.add_cycle(
-                Cycle(
-                    monitor=self.config.monitor.name,
-                    started_at=report.started_at,
-                    finished_at=report.finished_at,
-                    interval_s=report.interval_s,
-                    overran=report.overran,
-                    n_results=len(report.results),
-                    n_failed=sum(1 for r in report.results if not r.succeeded),
-                )
+        cycle = Cycle(
+            monitor=self.config.monitor.name,
+            started_at=report.started_at,
+            finished_at=report.finished_at,
+            interval_s=report.interval_s,
+            overran=report.overran,
+            n_results=len(report.results),
+            n_failed=sum(1 for r in report.results if not r.succeeded),
+        )
+        where = await self._persist_cycle(cycle)
+        if where != "archive":
+            log.warning(
+                "cycle %d record kept in the %s until the archive is back", report.number, where
             )
-        except StoreError as exc:
-            self.health.archive_write_failures += 1
-            log.error("could not record cycle %d: %s", report.number, exc)
+        state = self.health.degraded()
+        if state is not None:
+            log.warning("cycle %d: %s", report.number, state)
         return report
 
-    async def run(self, *, cycles: int | None = None) -> list[CycleReport]:
-        """Run cycles back to back at the configured interval (forever when ``cycles`` is None)."""
-        reports: list[CycleReport] = []
+    async def run(
+        self,
+        *,
+        cycles: int | None = None,
+        on_cycle: Callable[[CycleReport], object] | None = None,
+    ) -> CycleReport | None:
+        """Run cycles back to back at the configured interval (forever when ``cycles`` is None).
+        Each finished cycle's report goes to ``on_cycle``; only the last is kept (and returned),
+        so memory stays flat however long the monitor runs."""
         interval = self.config.monitor.cycle_interval_s
+        done = 0
+        report: CycleReport | None = None
         try:
-            while cycles is None or len(reports) < cycles:
+            while cycles is None or done < cycles:
                 jitter = self.config.monitor.start_jitter_s
                 if jitter:
                     await asyncio.sleep(self.rng.uniform(0, jitter))
                 t0 = time.monotonic()
+                report = None  # the previous cycle's results are not kept through this one
                 report = await self.run_cycle()
-                reports.append(report)
-                if cycles is not None and len(reports) >= cycles:
+                done += 1
+                if on_cycle is not None:
+                    on_cycle(report)
+                if cycles is not None and done >= cycles:
                     break
                 # Overran: start the next cycle now (late) rather than overlapping.
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
         finally:
             await asyncio.to_thread(self.close)
-        return reports
+        return report

@@ -21,9 +21,9 @@ all the evidence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 
@@ -32,6 +32,9 @@ from iepm.store import Archive
 from iepm.store.schema import tuned_params
 
 Route = list[str | None]
+# The probes whose results are a path's route and a host's facts (what a cause is looked for in).
+ROUTE_PROBE = "traceroute"
+HOST_PROBE = "load"
 HOST_FACTS = (
     "kernel_release",
     "cpu_count",
@@ -45,12 +48,30 @@ HOST_FACTS = (
 WINDOW_LIMIT = 20
 
 
-def route_of(result: Result) -> Route | None:
-    """The hop addresses of a successful traceroute (None for a silent hop)."""
-    hops = result.data.get("hops")
-    if not result.succeeded or not isinstance(hops, list) or not hops:
-        return None
+class Traced(Protocol):
+    """A traceroute run as pages and analyses read it: a Result, or a row with its data."""
+
+    @property
+    def succeeded(self) -> bool: ...
+
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+
+def hop_addresses(data: Mapping[str, Any]) -> Route:
+    """The hop addresses of a traceroute's ``data`` in TTL order (None for a silent hop)."""
+    hops = data.get("hops")
+    if not isinstance(hops, list):
+        return []
     return [h.get("address") if isinstance(h, dict) else None for h in hops]
+
+
+def route_of(result: Traced) -> Route | None:
+    """The route of a successful traceroute (None for a silent hop); the one reading of a
+    route in the project: the watcher, the cause finder, retuning and the pages use it."""
+    if not result.succeeded:
+        return None
+    return hop_addresses(result.data) or None
 
 
 def same_route(a: Sequence[str | None], b: Sequence[str | None]) -> bool:
@@ -58,6 +79,26 @@ def same_route(a: Sequence[str | None], b: Sequence[str | None]) -> bool:
     if len(a) != len(b):
         return False
     return all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
+
+
+def route_changes(routes: Iterable[Route]) -> list[bool]:
+    """For each route in time order: whether it differs from the route before it. A silent
+    hop matches any address, and the route compared against keeps the addresses seen at hops
+    that later went silent (a-b-c, a-*-c, a-x-c is one change, at a-x-c)."""
+    known: Route | None = None
+    out = []
+    for route in routes:
+        changed = known is not None and not same_route(known, route)
+        if known is not None and not changed:
+            route = [new if new is not None else old for old, new in zip(known, route, strict=True)]
+        out.append(changed)
+        known = list(route)
+    return out
+
+
+def route_text(route: Sequence[str | None]) -> str:
+    """A route as text: hop addresses in TTL order, ``*`` for a silent hop."""
+    return " ".join(a or "*" for a in route)
 
 
 def host_facts(result: Result) -> dict[str, Any] | None:
@@ -130,12 +171,12 @@ class _Windows:
 
 def _route_evidence(w: _Windows) -> dict[str, Any] | None:
     before = next(
-        ((r, route) for r in w.before("traceroute") if (route := route_of(r)) is not None), None
+        ((r, route) for r in w.before(ROUTE_PROBE) if (route := route_of(r)) is not None), None
     )
     if before is None:
         return None
     old_result, old = before
-    new = [(r, route) for r in w.after("traceroute") if (route := route_of(r)) is not None]
+    new = [(r, route) for r in w.after(ROUTE_PROBE) if (route := route_of(r)) is not None]
     changed = [(r, route) for r, route in new if not same_route(old, route)]
     if not changed:
         return None
@@ -151,11 +192,11 @@ def _route_evidence(w: _Windows) -> dict[str, Any] | None:
 
 
 def _host_evidence(w: _Windows) -> dict[str, Any] | None:
-    before = next(((r, f) for r in w.before("load") if (f := host_facts(r)) is not None), None)
+    before = next(((r, f) for r in w.before(HOST_PROBE) if (f := host_facts(r)) is not None), None)
     if before is None:
         return None
     old_result, old = before
-    for r in reversed(w.after("load")):
+    for r in reversed(w.after(HOST_PROBE)):
         facts = host_facts(r)
         if facts is None:
             continue

@@ -46,8 +46,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from iepm.errors import StoreError
-from iepm.results import Outcome, Result, format_time, new_result_id
+from iepm.results import Outcome, Purpose, Result, format_time, new_result_id
 from iepm.store import rollup
+from iepm.store.filters import result_conditions
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import results as RESULTS
 
@@ -58,6 +59,20 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # A writer waits this long for another process's transaction (e.g. an import) to finish.
 BUSY_TIMEOUT_MS = 60_000
 PG_CONNECT_TIMEOUT_S = 10
+# Driver-side deadlines on PostgreSQL (each kept if the URL sets its own): a statement the server
+# runs longer than this is cancelled by the server, and a server that stops answering on the
+# network is given up by the kernel (keepalives, unacknowledged data) instead of waited for for
+# ever. A server that is frozen but whose kernel still acknowledges data is caught by neither:
+# the monitor also bounds every archive call by a wall-clock deadline (iepm.store.guard).
+PG_DEADLINES: dict[str, Any] = {
+    "connect_timeout": PG_CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # ms
+}
+PG_STATEMENT_TIMEOUT_MS = 300_000
 # pg_advisory_xact_lock key ("iepm"): hosts opening a fresh shared archive at once migrate in turn.
 PG_MIGRATION_LOCK = 0x6965706D
 # Rows fetched per round trip while streaming, and rows per executemany in add_many.
@@ -113,11 +128,15 @@ def connect_engine(url: str) -> Engine:
     if backend == "sqlite":
         return _sqlite_engine(parsed)
     if backend == "postgresql":
-        connect_args = (
-            {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
-        )
+        connect_args = {k: v for k, v in PG_DEADLINES.items() if k not in parsed.query}
+        if "options" not in parsed.query:
+            connect_args["options"] = f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}"
         return create_engine(
-            parsed, pool_pre_ping=True, connect_args=connect_args, json_serializer=_dumps
+            parsed,
+            pool_pre_ping=True,
+            pool_timeout=PG_CONNECT_TIMEOUT_S,
+            connect_args=connect_args,
+            json_serializer=_dumps,
         )
     raise StoreError(
         f"archive URL {_shown(parsed)} names an unsupported database {backend!r} "
@@ -137,7 +156,10 @@ def _sqlite_engine(url: URL) -> Engine:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"cannot create the directory for archive {_shown(url)}: {exc}") from exc
-    engine = create_engine(url, json_serializer=_dumps)
+    # ``timeout``: the sqlite3 module's own wait for a lock, as long as busy_timeout below.
+    engine = create_engine(
+        url, json_serializer=_dumps, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -189,6 +211,8 @@ def _upgrade(engine: Engine) -> None:
         conn.execution_options(**{WRITE: True})
         with conn.begin():
             if engine.dialect.name == "postgresql":
+                # A migration may rebuild summaries of a large archive: no statement deadline.
+                conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
                 conn.execute(select(func.pg_advisory_xact_lock(PG_MIGRATION_LOCK)))
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
@@ -219,10 +243,12 @@ def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
 class Archive:
     """Results and scheduler cycles in one database. Open it with ``Archive.open(url)``."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, ready: bool = True) -> None:
         self._engine = engine
         #: The URL with any password hidden, as error messages show it.
         self.url = _shown(engine.url)
+        # False until the schema is known to be at the newest revision (see ``connect``).
+        self._ready = ready
 
     @classmethod
     def open(cls, url: str) -> Archive:
@@ -238,6 +264,26 @@ class Archive:
             engine.dispose()
             raise StoreError(f"cannot open archive {_shown(engine.url)}: {_reason(exc)}") from exc
         return cls(engine)
+
+    @classmethod
+    def connect(cls, url: str) -> Archive:
+        """The archive at ``url`` without touching the database yet: the schema is checked (and
+        upgraded) by the first call that uses it, and a call made while the database is
+        unreachable raises ``StoreError`` as any failed call does. For ``iepm run``, which must
+        start — and spool — while the archive is down. Bad URLs still fail here."""
+        return cls(connect_engine(url), ready=False)
+
+    def prepare(self) -> None:
+        """Check (and upgrade) the schema if not done yet; ``StoreError`` if it cannot."""
+        if self._ready:
+            return
+        try:
+            _upgrade(self._engine)
+        except StoreError:
+            raise
+        except (SQLAlchemyError, CommandError, OSError) as exc:
+            raise StoreError(f"cannot open archive {self.url}: {_reason(exc)}") from exc
+        self._ready = True
 
     def close(self) -> None:
         self._engine.dispose()
@@ -255,7 +301,7 @@ class Archive:
         with self._writing(f"cannot add result {result.id}") as conn:
             row = _row(result)
             conn.execute(insert(RESULTS), row)
-            rollup.accumulate(conn, [_summarised(row)])
+            rollup.accumulate(conn, _summarised([row]))
 
     def add_many(self, results: Iterable[Result]) -> int:
         """Store many results in one transaction (all or none); returns how many."""
@@ -264,7 +310,7 @@ class Archive:
             for chunk in _chunks(results, BULK_CHUNK):
                 rows = [_row(result) for result in chunk]
                 conn.execute(insert(RESULTS), rows)
-                rollup.accumulate(conn, map(_summarised, rows))
+                rollup.accumulate(conn, _summarised(rows))
                 count += len(rows)
         return count
 
@@ -274,8 +320,7 @@ class Archive:
         Returns the id of the stored row."""
         if result.raw_token is None:
             raise ValueError(f"result {result.id} has no raw_token to match a stored run by")
-        dialect = sqlite if self._engine.dialect.name == "sqlite" else postgresql
-        statement = dialect.insert(RESULTS).values(_row(result))
+        statement = self._dialect().insert(RESULTS).values(_row(result))
         statement = statement.on_conflict_do_update(
             index_elements=[RESULTS.c.raw_token],
             set_={key: statement.excluded[key] for key in REEXTRACTED},
@@ -288,9 +333,34 @@ class Archive:
             rollup.refresh(conn, [(target, monitor, probe, rollup.day_of(started_at))])
             return str(stored_id)
 
+    def add_new(self, results: Iterable[Result]) -> int:
+        """Store the results not stored yet (by id or raw token), in one transaction; returns
+        how many were new. For writing back a spool: a result already in the archive (e.g.
+        written by a call that outlived its deadline) is no error and is not counted twice."""
+        count = 0
+        with self._writing("cannot add spooled results") as conn:
+            insert_new = self._dialect().insert(RESULTS).on_conflict_do_nothing()
+            for result in results:
+                row = _row(result)
+                if conn.execute(insert_new.values(row).returning(RESULTS.c.id)).first():
+                    rollup.accumulate(conn, _summarised([row]))
+                    count += 1
+        return count
+
     def add_cycle(self, cycle: Cycle) -> None:
         with self._writing(f"cannot add cycle {cycle.id}") as conn:
             conn.execute(insert(CYCLES), asdict(cycle))
+
+    def add_cycles_new(self, cycles: Iterable[Cycle]) -> int:
+        """Store the cycle records not stored yet (by id); returns how many were new."""
+        count = 0
+        with self._writing("cannot add spooled cycles") as conn:
+            insert_new = self._dialect().insert(CYCLES).on_conflict_do_nothing()
+            for cycle in cycles:
+                row = asdict(cycle)
+                if conn.execute(insert_new.values(row).returning(CYCLES.c.id)).first():
+                    count += 1
+        return count
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -305,11 +375,15 @@ class Archive:
         limit: int | None = None,
         offset: int = 0,
         order: Order = "asc",
+        purpose: Purpose | str | None = Purpose.ROUTINE,
     ) -> Generator[Result, None, None]:
-        """Results matching every given filter (``since`` inclusive, ``until`` exclusive), by
+        """Results matching every given filter (``since`` inclusive, ``until`` exclusive; the
+        routine series unless ``purpose`` says otherwise, ``None`` for every purpose), by
         start time then id, streamed from the database in batches. Closing the generator
         before the end releases its database connection at once."""
-        query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
+        query = _results_query(
+            probe, target, since, until, monitor, outcome, purpose, limit, offset, order
+        )
         return self._stream(query, Result.model_validate, "cannot read results")
 
     def envelope_page(
@@ -323,6 +397,7 @@ class Archive:
         limit: int | None = None,
         offset: int = 0,
         order: Order = "asc",
+        purpose: Purpose | str | None = Purpose.ROUTINE,
     ) -> tuple[int, list[str]]:
         """How many results match (as ``count()``) and the page ``results()`` would yield, each
         as the JSON text of its envelope (the document ``Result.envelope()`` returns), from one
@@ -330,8 +405,10 @@ class Archive:
         ``data`` texts are spliced in as they are. Every row was validated and serialised when
         it was written; decoding, validating and encoding it again was most of an API page's
         time."""
-        counting = _count_query(probe, target, since, until, monitor, outcome)
-        query = _results_query(probe, target, since, until, monitor, outcome, limit, offset, order)
+        counting = _count_query(probe, target, since, until, monitor, outcome, purpose)
+        query = _results_query(
+            probe, target, since, until, monitor, outcome, purpose, limit, offset, order
+        )
         texts = query.with_only_columns(
             *(RESULTS.c[key] for key in _ENVELOPE_HEAD),
             cast(RESULTS.c.params, Text).label("params_text"),
@@ -349,9 +426,10 @@ class Archive:
         until: datetime | None = None,
         monitor: str | None = None,
         outcome: Outcome | str | None = None,
+        purpose: Purpose | str | None = Purpose.ROUTINE,
     ) -> int:
         """How many results ``results()`` would yield with the same filters."""
-        query = _count_query(probe, target, since, until, monitor, outcome)
+        query = _count_query(probe, target, since, until, monitor, outcome, purpose)
         with self._errors("cannot count results"), self._engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
@@ -408,9 +486,13 @@ class Archive:
 
     # -- plumbing --------------------------------------------------------------------------
 
+    def _dialect(self) -> Any:
+        return sqlite if self._engine.dialect.name == "sqlite" else postgresql
+
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
         try:
+            self.prepare()
             yield
         except (SQLAlchemyError, OSError) as exc:
             raise StoreError(f"{doing} (archive {self.url}): {_reason(exc)}") from exc
@@ -434,9 +516,14 @@ class Archive:
                 yield convert(row)
 
 
-def _summarised(row: dict[str, Any]) -> tuple[str, str, str, datetime, str, Any]:
-    """What the daily summaries read of a stored row (rollup.SOURCE's columns)."""
-    return tuple(row[column.name] for column in rollup.SOURCE)  # type: ignore[return-value]
+def _summarised(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, datetime, str, Any]]:
+    """What the daily summaries read of stored rows (rollup.SOURCE's columns): routine results
+    only, as rollup.refresh and rollup.rebuild select them."""
+    return [
+        tuple(row[column.name] for column in rollup.SOURCE)  # type: ignore[misc]
+        for row in rows
+        if row["purpose"] == rollup.ROLLED_UP_PURPOSE
+    ]
 
 
 def _count_query(
@@ -446,8 +533,9 @@ def _count_query(
     until: datetime | None,
     monitor: str | None,
     outcome: Outcome | str | None,
+    purpose: Purpose | str | None,
 ) -> Select[Any]:
-    conditions = _filters(probe, target, since, until, monitor, outcome)
+    conditions = _filters(probe, target, since, until, monitor, outcome, purpose)
     return select(func.count()).select_from(RESULTS).where(*conditions)
 
 
@@ -458,6 +546,7 @@ def _results_query(
     until: datetime | None,
     monitor: str | None,
     outcome: Outcome | str | None,
+    purpose: Purpose | str | None,
     limit: int | None,
     offset: int,
     order: Order,
@@ -467,7 +556,7 @@ def _results_query(
     keys = (RESULTS.c.started_at, RESULTS.c.id)
     return (
         select(RESULTS)
-        .where(*_filters(probe, target, since, until, monitor, outcome))
+        .where(*_filters(probe, target, since, until, monitor, outcome, purpose))
         .order_by(*(key.asc() if order == "asc" else key.desc() for key in keys))
         .limit(limit)
         .offset(offset or None)
@@ -498,18 +587,15 @@ def _filters(
     until: datetime | None,
     monitor: str | None,
     outcome: Outcome | str | None,
+    purpose: Purpose | str | None,
 ) -> list[ColumnElement[bool]]:
-    conditions: list[ColumnElement[bool]] = []
-    if probe is not None:
-        conditions.append(RESULTS.c.probe == probe)
-    if target is not None:
-        conditions.append(RESULTS.c.target == target)
-    if since is not None:
-        conditions.append(RESULTS.c.started_at >= since)
-    if until is not None:
-        conditions.append(RESULTS.c.started_at < until)
-    if monitor is not None:
-        conditions.append(RESULTS.c.monitor == monitor)
-    if outcome is not None:
-        conditions.append(RESULTS.c.outcome == Outcome(outcome).value)
-    return conditions
+    return result_conditions(
+        RESULTS,
+        probe=probe,
+        target=target,
+        monitor=monitor,
+        since=since,
+        until=until,
+        outcome=outcome,
+        purpose=purpose,
+    )

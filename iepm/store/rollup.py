@@ -25,6 +25,7 @@ from sqlalchemy import Connection, Insert, delete, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from iepm.probes import metrics_of
+from iepm.results import Purpose
 from iepm.store.schema import daily as DAILY
 from iepm.store.schema import results as RESULTS
 
@@ -40,6 +41,8 @@ SOURCE = (
     RESULTS.c.data,
 )
 INSERT_CHUNK = 5000
+# Only the routine series is summarised: a study's transfers are not the path's measurements.
+ROLLED_UP_PURPOSE = Purpose.ROUTINE.value
 
 
 def day_of(moment: datetime) -> date:
@@ -166,6 +169,7 @@ def refresh(conn: Connection, keys: Iterable[PathDay]) -> None:
             RESULTS.c.monitor == monitor,
             RESULTS.c.started_at >= day_start(min(days)),
             RESULTS.c.started_at < day_start(max(days) + timedelta(days=1)),
+            RESULTS.c.purpose == ROLLED_UP_PURPOSE,
         )
         rows = list(summarise(conn.execute(query), days))
         conn.execute(delete(DAILY).where(*same_path, DAILY.c.day.in_(sorted(days))))
@@ -173,11 +177,13 @@ def refresh(conn: Connection, keys: Iterable[PathDay]) -> None:
             conn.execute(insert(DAILY), rows)
 
 
-def rebuild(conn: Connection) -> int:
-    """Recompute every daily row from all results (a migration, or results written around the
-    archive); returns the number of rows written."""
+def rebuild(conn: Connection, *, by_purpose: bool = True) -> int:
+    """Recompute every daily row from all (routine) results (a migration, or results written
+    around the archive); returns the number of rows written. ``by_purpose`` False: for a schema
+    older than revision 0004, whose results have no purpose (all were routine then)."""
     conn.execute(delete(DAILY))
-    query = select(*SOURCE).order_by(*SOURCE[:4])  # path by path, oldest first
+    routine = [RESULTS.c.purpose == ROLLED_UP_PURPOSE] if by_purpose else []
+    query = select(*SOURCE).where(*routine).order_by(*SOURCE[:4])  # path by path, oldest first
     written = 0
     batch: list[dict[str, Any]] = []
     path_rows: list[Any] = []

@@ -82,6 +82,8 @@ results = Table(
     Column("error", Text),
     Column("diags", Text, nullable=False),
     Column("raw_token", Text),
+    # routine or study (iepm.results.Purpose): routine views read routine results only.
+    Column("purpose", Text, nullable=False, server_default="routine"),
     Column("params", JSON, nullable=False),
     Column("data", JSON, nullable=False),
     Index(None, "target", "probe", "started_at"),

@@ -227,7 +227,7 @@ def tune_command(
 
 
 def _tune_one(where: Where, plan: Any, limits: Any, *, save: bool, quiet: bool) -> Any:
-    from iepm.tuning.retune import route_of
+    from iepm.tuning.retune import latest_route
     from iepm.tuning.sweep import run_sweep
 
     for key in ("window", "streams"):
@@ -237,7 +237,7 @@ def _tune_one(where: Where, plan: Any, limits: Any, *, save: bool, quiet: bool) 
                 "that setting wins over the tuned one[/]"
             )
     with open_archive(where.archive_url) as archive:
-        extra = {"route": _guard(lambda: route_of(archive, where.ctx.target))}
+        extra = {"route": _guard(lambda: latest_route(archive, where.ctx.target))}
         with _progress(f"tune {where.ctx.target}", not quiet) as on_point:
             return _guard(
                 lambda: _run_async(

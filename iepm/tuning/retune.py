@@ -8,17 +8,19 @@ from typing import Any
 
 from sqlalchemy import select
 
+from iepm.analysis.cause import ROUTE_PROBE, Route, route_of, same_route
 from iepm.results import utcnow
 from iepm.store import Archive
 from iepm.store.schema import alerts
 from iepm.tuning.store import list_studies
 
 
-def route_of(archive: Archive, target: str) -> list[str | None] | None:
-    """The hop addresses of the latest successful traceroute to ``target``, if any."""
-    for result in archive.results(probe="traceroute", target=target, limit=20, order="desc"):
-        if result.succeeded:
-            return [hop.get("address") for hop in result.data.get("hops") or []]
+def latest_route(archive: Archive, target: str) -> Route | None:
+    """The route of the latest successful traceroute to ``target`` (among its last 20), if any."""
+    for result in archive.results(probe=ROUTE_PROBE, target=target, limit=20, order="desc"):
+        route = route_of(result)
+        if route is not None:
+            return route
     return None
 
 
@@ -58,7 +60,8 @@ def retune_reasons(
                 f"{row.cause} change in {row.probe} {row.metric} at {row.change_at:%Y-%m-%d %H:%M}Z"
             )
     then: Any = last.params.get("route")
-    current = route_of(archive, target)
-    if then is not None and current is not None and list(then) != current:
+    current = latest_route(archive, target)
+    # A silent hop (*) is not a new router: it matches any address (cause.same_route).
+    if then is not None and current is not None and not same_route(list(then), current):
         reasons.append(f"route changed since the last sweep ({len(then)} → {len(current)} hops)")
     return reasons

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from iepm.results import Result, utcnow
+from iepm.results import Purpose, Result, utcnow
 from iepm.store import Archive
 from iepm.store.schema import studies
 
@@ -62,10 +62,11 @@ class StudyRecorder:
             conn.execute(insert(studies).values(**_row(study)))
 
     def store_result(self, result: Result | None) -> str | None:
-        """Store a probe run as a normal result (tables and exports show it); its id."""
+        """Store a probe run as a study result (exports show it; the path's routine series,
+        rollups and alerts do not); its id."""
         if result is None:
             return None
-        self.archive.add(result)
+        self.archive.add(result.model_copy(update={"purpose": Purpose.STUDY}))
         return result.id
 
     def add_point(self, point: dict[str, Any]) -> None:

@@ -29,16 +29,29 @@ def serve_command(
     workers: Annotated[
         int, typer.Option("--workers", min=1, max=64, help="Worker processes (one per core).")
     ] = 1,
+    targets_toml: Annotated[
+        str | None,
+        typer.Option("--config", help="targets.toml: pages group targets by its site and group."),
+    ] = None,
 ) -> None:
     """Serve the report pages, the REST API (/api/v1, docs at /docs) and /metrics."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from iepm.web.server import GRACEFUL_SHUTDOWN_S, URL_ENV, TcpConfig, uvicorn_config
+    from iepm.config import load_config
+    from iepm.web.places import places_of
+    from iepm.web.server import (
+        CONFIG_ENV,
+        GRACEFUL_SHUTDOWN_S,
+        URL_ENV,
+        TcpConfig,
+        uvicorn_config,
+    )
 
     try:
         host, port = parse_listen(listen)
-        config = uvicorn_config(db, host, port, None)
+        places = places_of(load_config(targets_toml)) if targets_toml else None
+        config = uvicorn_config(db, host, port, None, places)
     except (IepmError, ValueError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise typer.Exit(2) from None
@@ -49,6 +62,8 @@ def serve_command(
         # CPU-bound Python: processes, not threads, use more than one core). uvicorn's
         # supervisor forwards SIGINT/SIGTERM to the workers, which shut down gracefully.
         os.environ[URL_ENV] = db
+        if targets_toml:
+            os.environ[CONFIG_ENV] = targets_toml
         config = TcpConfig(
             "iepm.web.server:app_from_env",
             factory=True,

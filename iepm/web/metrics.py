@@ -4,7 +4,7 @@ Everything except the in-process scheduler counters is read from the archive, so
 ``iepm serve`` process exposes what the monitors wrote. Families:
 
 - ``iepm_<probe>_<figure>_<unit>{monitor,target}``: the latest successful value per path
-  (paths with a result in the last 28 days),
+  (paths with a result in the last 28 days) of every metric a registered probe declares,
   e.g. ``iepm_ping_rtt_avg_seconds``, ``iepm_ping_loss_ratio``,
   ``iepm_iperf3_throughput_bits_per_second``;
 - ``iepm_last_result_timestamp_seconds`` and ``iepm_last_result_success{monitor,target,probe}``;
@@ -12,7 +12,9 @@ Everything except the in-process scheduler counters is read from the archive, so
   ``iepm_cycle_overruns_total{monitor}``; ``iepm_alerts_total{cause}`` (step changes found by
   the analysis, by likely cause: route, host, tuning, unknown);
 - with a scheduler in the same process: ``iepm_archive_write_failures_total`` and
-  ``iepm_spooled_results_total`` (a failed archive write is, by its nature, not in the archive).
+  ``iepm_spooled_results_total`` (a failed archive write is, by its nature, not in the archive),
+  and the gauges of ``SchedulerHealth.gauges()`` (``iepm_archive_up``, what waits in the spool
+  or in memory).
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import APIRouter, Depends
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from iepm.probes import metrics_of
+from iepm.probes.base import Metric as IepmMetric
 from iepm.scheduler import SchedulerHealth
-from iepm.web.queries import METRICS, Queries
-from iepm.web.queries import Metric as IepmMetric
-from iepm.web.views import HISTORY
+from iepm.web.context import WebContext, web
+from iepm.web.queries import Queries
+from iepm.web.tables import HISTORY
 
 UNIT_SUFFIX = re.compile(r"_(ms|s|bps|bytes|percent)$")
 
@@ -68,9 +74,9 @@ class ArchiveCollector(Collector):
             success.add_metric(labels, 1.0 if result.succeeded else 0.0)
             if not result.succeeded:
                 continue
-            for metric in METRICS.values():
+            for metric in metrics_of(result.probe):  # the registry's, at each scrape
                 value: Any = result.data.get(metric.key)
-                if metric.probe != result.probe or not isinstance(value, int | float):
+                if isinstance(value, bool) or not isinstance(value, int | float):
                     continue
                 name = family_name(metric)
                 if name not in families:
@@ -120,9 +126,27 @@ class ArchiveCollector(Collector):
                 "Results written to the spool file",
                 value=self.health.spooled_results,
             )
+            for name, text, value in self.health.gauges():
+                yield GaugeMetricFamily(name, text, value=value)
 
 
 def metrics_text(queries: Queries, health: SchedulerHealth | None) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ArchiveCollector(queries, health))
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def router() -> APIRouter:
+    metrics = APIRouter(tags=["metrics"])
+
+    @metrics.get(
+        "/metrics", response_class=PlainTextResponse, summary="Prometheus exposition format"
+    )
+    def metrics_page(w: Annotated[WebContext, Depends(web)]) -> Response:
+        """Latest value per path and probe in base units (seconds, bits/s, bytes, ratio), runs
+        by outcome and cycle overruns from the archive, and (in the monitor's process) its
+        archive write failures."""
+        body, content_type = metrics_text(w.queries, w.health)
+        return Response(body, media_type=content_type)
+
+    return metrics

@@ -17,72 +17,39 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import ColumnElement, Engine, Float, Integer, case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from iepm.analysis.statistics import FloatArray
 from iepm.errors import StoreError
+from iepm.probes.base import Metric
 from iepm.results import Result
 from iepm.store import rollup
 from iepm.store.archive import Archive, connect_engine
+from iepm.store.filters import result_conditions
 from iepm.store.schema import alerts as ALERTS
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import daily as DAILY
 from iepm.store.schema import results as RESULTS
 from iepm.store.schema import studies as STUDIES
 
-FloatArray = npt.NDArray[np.float64]
 # Cached page figures kept at most (then all dropped: a simple bound on memory).
 MAX_CACHED = 512
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 # A stale copy is served (while refreshed) up to this many TTLs old, not older.
 STALE_SERVED_FOR = 10
-Better = Literal["higher", "lower"]
 
 
-@dataclass(frozen=True)
-class Metric:
-    """One scalar of a probe's ``data`` that pages plot (unit in the key, as stored)."""
+class PeriodMeans(NamedTuple):
+    """One period of ``Queries.period_means``: its start and (count, mean) per metric."""
 
-    probe: str
-    key: str
-    label: str
-    better: Better
-    # Factor to the Prometheus base unit (ms → s, percent → ratio) and that unit's name.
-    to_base: float = 1.0
-    base_unit: str = ""
-
-    @property
-    def name(self) -> str:
-        return f"{self.probe}.{self.key}"
-
-
-METRICS: dict[str, Metric] = {
-    m.name: m
-    for m in [
-        Metric("ping", "rtt_min_ms", "RTT min (ms)", "lower", 1e-3, "seconds"),
-        Metric("ping", "rtt_avg_ms", "RTT avg (ms)", "lower", 1e-3, "seconds"),
-        Metric("ping", "rtt_max_ms", "RTT max (ms)", "lower", 1e-3, "seconds"),
-        Metric("ping", "rtt_mdev_ms", "RTT mdev (ms)", "lower", 1e-3, "seconds"),
-        Metric("ping", "loss_percent", "loss (%)", "lower", 1e-2, "ratio"),
-        Metric("iperf3", "throughput_bps", "throughput (bit/s)", "higher", 1.0, "bits_per_second"),
-        Metric("iperf3", "retransmits", "retransmits", "lower", 1.0, ""),
-        Metric("iperf3", "mean_rtt_ms", "TCP RTT (ms)", "lower", 1e-3, "seconds"),
-        Metric("iperf3", "window_bytes", "window (bytes)", "higher", 1.0, "bytes"),
-        Metric("iperf3", "stream_count", "streams", "higher", 1.0, ""),
-        Metric("traceroute", "hop_count", "hops", "lower", 1.0, ""),
-    ]
-}
-# What the overview grid colours each path by.
-HEADLINE = ["iperf3.throughput_bps", "ping.rtt_avg_ms", "ping.loss_percent"]
-
-
-def metrics_of(probe: str) -> list[Metric]:
-    return [m for m in METRICS.values() if m.probe == probe]
+    start: float  # epoch seconds, UTC
+    figures: list[tuple[int, float | None]]
 
 
 @dataclass
@@ -111,29 +78,6 @@ def epoch(moment: datetime) -> float:
 def _float(key: str) -> ColumnElement[Any]:
     # as_float() reads a JSON number on both backends; a null or missing key reads as NULL.
     return RESULTS.c.data[key].as_float().cast(Float).label(key)
-
-
-def _conditions(
-    probe: str | Sequence[str] | None,
-    target: str | None,
-    monitor: str | None,
-    since: datetime | None,
-    until: datetime | None,
-) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = []
-    if isinstance(probe, str):
-        where.append(RESULTS.c.probe == probe)
-    elif probe is not None:
-        where.append(RESULTS.c.probe.in_(list(probe)))
-    if target is not None:
-        where.append(RESULTS.c.target == target)
-    if monitor is not None:
-        where.append(RESULTS.c.monitor == monitor)
-    if since is not None:
-        where.append(RESULTS.c.started_at >= since)
-    if until is not None:
-        where.append(RESULTS.c.started_at < until)
-    return where
 
 
 class Queries:
@@ -233,7 +177,8 @@ class Queries:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> Frame:
-        """Every result matching the filters, oldest first, with the given ``data`` keys."""
+        """Every routine result matching the filters (store.filters: never a study's runs),
+        oldest first, with the given ``data`` keys."""
         query = (
             select(
                 RESULTS.c.started_at,
@@ -243,7 +188,11 @@ class Queries:
                 RESULTS.c.outcome,
                 *(_float(key) for key in keys),
             )
-            .where(*_conditions(probe, target, monitor, since, until))
+            .where(
+                *result_conditions(
+                    probe=probe, target=target, monitor=monitor, since=since, until=until
+                )
+            )
             .order_by(RESULTS.c.started_at, RESULTS.c.id)
         )
         rows = self._rows(query)
@@ -270,11 +219,15 @@ class Queries:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> list[tuple[datetime, str, dict[str, Any]]]:
-        """(started_at, outcome, data) of each result, oldest first, for nested ``data``
+        """(started_at, outcome, data) of each routine result, oldest first, for nested ``data``
         (traceroute hops) that does not fit a column."""
         query = (
             select(RESULTS.c.started_at, RESULTS.c.outcome, RESULTS.c.data)
-            .where(*_conditions(probe, target, monitor, since, until))
+            .where(
+                *result_conditions(
+                    probe=probe, target=target, monitor=monitor, since=since, until=until
+                )
+            )
             .order_by(RESULTS.c.started_at, RESULTS.c.id)
         )
         return [(r[0], r[1], r[2] or {}) for r in self._rows(query)]
@@ -298,7 +251,13 @@ class Queries:
             part = (
                 select(RESULTS.c.monitor, func.count())
                 .where(
-                    *_conditions(probes, target, None, since, rollup.day_start(first_full)),
+                    *result_conditions(
+                        probe=probes,
+                        target=target,
+                        monitor=None,
+                        since=since,
+                        until=rollup.day_start(first_full),
+                    ),
                 )
                 .group_by(RESULTS.c.monitor)
             )
@@ -311,7 +270,7 @@ class Queries:
     def has_monitor(self, target: str, monitor: str) -> bool:
         query = (
             select(RESULTS.c.id)
-            .where(RESULTS.c.target == target, RESULTS.c.monitor == monitor)
+            .where(*result_conditions(target=target, monitor=monitor, purpose=None))
             .limit(1)
         )
         return bool(self._rows(query))
@@ -332,7 +291,11 @@ class Queries:
         for name in probes:
             query = (
                 select(RESULTS.c.monitor, RESULTS.c.target, RESULTS.c.started_at, RESULTS.c.id)
-                .where(*_conditions(name, target, None, since, until))
+                .where(
+                    *result_conditions(
+                        probe=name, target=target, monitor=None, since=since, until=until
+                    )
+                )
                 .order_by(RESULTS.c.started_at, RESULTS.c.id)
             )
             for monitor, tgt, started, rid in self._rows(query):
@@ -353,7 +316,9 @@ class Queries:
         found = [
             name
             for name in sorted(PROBES)
-            if self._rows(select(RESULTS.c.id).where(RESULTS.c.probe == name).limit(1))
+            if self._rows(
+                select(RESULTS.c.id).where(*result_conditions(probe=name, purpose=None)).limit(1)
+            )
         ]
         # Any other name sorts between two registered ones: one index seek per gap.
         names = sorted(PROBES)
@@ -376,6 +341,7 @@ class Queries:
                 func.min(RESULTS.c.started_at),
                 func.max(RESULTS.c.started_at),
             )
+            .where(*result_conditions())
             .group_by(RESULTS.c.target, RESULTS.c.probe)
             .order_by(RESULTS.c.target, RESULTS.c.probe)
         )
@@ -385,11 +351,17 @@ class Queries:
         ]
 
     def targets(self) -> list[str]:
-        query = select(RESULTS.c.target).distinct().order_by(RESULTS.c.target)
+        query = (
+            select(RESULTS.c.target)
+            .where(*result_conditions())
+            .distinct()
+            .order_by(RESULTS.c.target)
+        )
         return [r[0] for r in self._rows(query)]
 
     def has_target(self, target: str) -> bool:
-        query = select(RESULTS.c.id).where(RESULTS.c.target == target).limit(1)
+        # Known: any result names it (a study's too); the pages then show its routine ones.
+        query = select(RESULTS.c.id).where(*result_conditions(target=target, purpose=None)).limit(1)
         return bool(self._rows(query))
 
     def target_summary(self, target: str) -> list[dict[str, Any]]:
@@ -402,7 +374,7 @@ class Queries:
                 func.min(RESULTS.c.started_at),
                 func.max(RESULTS.c.started_at),
             )
-            .where(RESULTS.c.target == target)
+            .where(*result_conditions(target=target))
             .group_by(RESULTS.c.monitor, RESULTS.c.probe)
             .order_by(RESULTS.c.monitor, RESULTS.c.probe)
         )
@@ -428,7 +400,11 @@ class Queries:
         probes = self.cached(("probes",), self.probes) if since or until else None
         query = (
             select(RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.outcome, func.count())
-            .where(*_conditions(probes, None, None, since, until))
+            .where(
+                *result_conditions(
+                    probe=probes, target=None, monitor=None, since=since, until=until
+                )
+            )
             .group_by(RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.outcome)
             .order_by(RESULTS.c.monitor, RESULTS.c.probe, RESULTS.c.outcome)
         )
@@ -447,6 +423,7 @@ class Queries:
 
     def period_means(
         self,
+        metrics: Sequence[Metric],
         period_s: int,
         shift_s: int,
         *,
@@ -454,15 +431,15 @@ class Queries:
         monitor: str | None,
         since: datetime,
         until: datetime,
-    ) -> list[tuple[float, int, float | None, float | None, float | None, int]]:
+    ) -> list[PeriodMeans]:
         """Per period of ``period_s`` seconds (starting at multiples of it, minus ``shift_s``;
-        whole UTC days) over successful runs in [since, until): (start epoch s, ping runs,
-        mean rtt_avg_ms, mean loss_percent, mean throughput_bps, iperf3 runs). Whole days come
-        from the daily summaries (a year is 365 rows per metric, not 5,840 results); the partial
-        days at either end from the results themselves, so the figures are exact."""
-        # Per bucket: (count, sum) of rtt_avg_ms, loss_percent and throughput_bps.
-        sums: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0, 0.0])
-        slot = {"rtt_avg_ms": 0, "loss_percent": 2, "throughput_bps": 4}
+        whole UTC days) over successful runs in [since, until): the count and mean of each
+        metric. Whole days come from the daily summaries (a year is 365 rows per metric, not
+        5,840 results); the partial days at either end from the results themselves, so the
+        figures are exact. Periods where no metric has a value are left out."""
+        # Per bucket and metric: [count, sum].
+        sums: dict[int, list[list[float]]] = defaultdict(lambda: [[0, 0.0] for _ in metrics])
+        slot = {(m.probe, m.key): i for i, m in enumerate(metrics)}
         first_full = rollup.day_of(since)
         if rollup.day_start(first_full) < since:
             first_full += timedelta(days=1)
@@ -470,71 +447,90 @@ class Queries:
         if first_full < end_full:
             bucket = _bucket(DAILY.c.day, self.engine.dialect.name, period_s, shift_s)
             query = (
-                select(bucket, DAILY.c.metric, func.sum(DAILY.c.n), func.sum(DAILY.c.total))
+                select(
+                    bucket,
+                    DAILY.c.probe,
+                    DAILY.c.metric,
+                    func.sum(DAILY.c.n),
+                    func.sum(DAILY.c.total),
+                )
                 .where(
                     DAILY.c.target == target,
-                    DAILY.c.probe.in_(["ping", "iperf3"]),
-                    DAILY.c.metric.in_(list(slot)),
+                    DAILY.c.probe.in_(sorted({m.probe for m in metrics})),
+                    DAILY.c.metric.in_(sorted({m.key for m in metrics})),
                     DAILY.c.day >= first_full,
                     DAILY.c.day < end_full,
                     *([DAILY.c.monitor == monitor] if monitor is not None else []),
                 )
-                .group_by(bucket, DAILY.c.metric)
+                .group_by(bucket, DAILY.c.probe, DAILY.c.metric)
             )
-            for b, metric, n, total in self._rows(query):
-                i = slot[metric]
-                sums[int(b)][i] += int(n)
-                sums[int(b)][i + 1] += float(total)
+            for b, probe, key, n, total in self._rows(query):
+                if (probe, key) in slot:
+                    cell = sums[int(b)][slot[(probe, key)]]
+                    cell[0] += int(n)
+                    cell[1] += float(total)
             parts = [(since, rollup.day_start(first_full)), (rollup.day_start(end_full), until)]
         else:
             parts = [(since, until)]
         for start, end in parts:
             if start >= end:
                 continue
-            for bucket, row in self._period_sums(period_s, shift_s, target, monitor, start, end):
-                for i, value in enumerate(row):
-                    sums[bucket][i] += value
+            for b, row in self._period_sums(
+                metrics, period_s, shift_s, target, monitor, start, end
+            ):
+                for cell, (n, total) in zip(sums[b], row, strict=True):
+                    cell[0] += n
+                    cell[1] += total
         out = []
-        for bucket in sorted(sums):
-            n_rtt, s_rtt, n_loss, s_loss, n_thr, s_thr = sums[bucket]
-            if not (n_rtt or n_thr):
+        for b in sorted(sums):
+            if not any(n for n, _total in sums[b]):
                 continue
             out.append(
-                (
-                    float(bucket) * period_s - shift_s,
-                    int(n_rtt),
-                    s_rtt / n_rtt if n_rtt else None,
-                    s_loss / n_loss if n_loss else None,
-                    s_thr / n_thr if n_thr else None,
-                    int(n_thr),
+                PeriodMeans(
+                    float(b) * period_s - shift_s,
+                    [(int(n), total / n if n else None) for n, total in sums[b]],
                 )
             )
         return out
 
     def _period_sums(
         self,
+        metrics: Sequence[Metric],
         period_s: int,
         shift_s: int,
         target: str,
         monitor: str | None,
         since: datetime,
         until: datetime,
-    ) -> list[tuple[int, tuple[float, ...]]]:
-        """(bucket, (count, sum) × rtt_avg_ms, loss_percent, throughput_bps) from the results."""
+    ) -> list[tuple[int, list[tuple[int, float]]]]:
+        """(bucket, (count, sum) of each metric) from the results."""
         bucket = _bucket(RESULTS.c.started_at, self.engine.dialect.name, period_s, shift_s)
         ok = RESULTS.c.outcome == "ok"
-        ping = ok & (RESULTS.c.probe == "ping")
-        iperf = ok & (RESULTS.c.probe == "iperf3")
-        rtt = case((ping, RESULTS.c.data["rtt_avg_ms"].as_float()))
-        loss = case((ping, RESULTS.c.data["loss_percent"].as_float()))
-        thr = case((iperf, RESULTS.c.data["throughput_bps"].as_float()))
-        columns = [f(v) for v in (rtt, loss, thr) for f in (func.count, func.sum)]
+        values = [
+            case((ok & (RESULTS.c.probe == m.probe), RESULTS.c.data[m.key].as_float()))
+            for m in metrics
+        ]
+        columns = [f(v) for v in values for f in (func.count, func.sum)]
+        probes = sorted({m.probe for m in metrics})
         query = (
             select(bucket, *columns)
-            .where(*_conditions(["ping", "iperf3"], target, monitor, since, until))
+            .where(
+                *result_conditions(
+                    probe=probes, target=target, monitor=monitor, since=since, until=until
+                )
+            )
             .group_by(bucket)
         )
-        return [(int(row[0]), tuple(float(v or 0) for v in row[1:])) for row in self._rows(query)]
+        return [
+            (
+                int(row[0]),
+                [
+                    (int(row[1 + 2 * i] or 0), float(row[2 + 2 * i] or 0))
+                    for i in range(len(metrics))
+                ],
+            )
+            for row in self._rows(query)
+        ]
 
     # -- alerts and studies (written by the analysis and tuning layers; read as stored) -------
 
@@ -632,7 +628,9 @@ def latest_document(
     """The newest (started_at, outcome, data) of ``probe`` against ``target``."""
     query = (
         select(RESULTS.c.started_at, RESULTS.c.outcome, RESULTS.c.data)
-        .where(*_conditions(probe, target, monitor, None, None))
+        .where(
+            *result_conditions(probe=probe, target=target, monitor=monitor, since=None, until=None)
+        )
         .order_by(RESULTS.c.started_at.desc(), RESULTS.c.id.desc())
         .limit(1)
     )

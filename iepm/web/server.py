@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -17,21 +18,40 @@ from iepm.errors import IepmError
 
 if TYPE_CHECKING:
     from iepm.scheduler import SchedulerHealth
+    from iepm.web.places import Places
 
 # Worker processes read the archive URL from here (uvicorn starts them from an import string).
 URL_ENV = "IEPM_SERVE_ARCHIVE"
+CONFIG_ENV = "IEPM_SERVE_CONFIG"
 # Requests in flight get this long to finish on SIGINT/SIGTERM before connections are closed.
 GRACEFUL_SHUTDOWN_S = 10
 START_TIMEOUT_S = 15.0
+# While a thread computes a page (0.7–2.5 s for the overview's background refresh), the event
+# loop waits up to the GIL's switch interval each time it wants the GIL back (every socket
+# call): at Python's 5 ms, cached pages answered during a refresh took up to 0.7–1.3 s (p99).
+# At 0.5 ms: p99 17–19 ms in every run (benchmarks/web.py, SQLite, 2 runs each). A setting of
+# the whole interpreter: made by the process that serves (iepm serve, its workers, the demo),
+# not by the app.
+SWITCH_INTERVAL_S = 0.0005
+
+
+def tune_interpreter() -> None:
+    """Settings of this process for serving pages (see SWITCH_INTERVAL_S)."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def uvicorn_config(
-    archive_url: str, host: str, port: int, health: SchedulerHealth | None
+    archive_url: str,
+    host: str,
+    port: int,
+    health: SchedulerHealth | None,
+    places: Places | None = None,
 ) -> uvicorn.Config:
     from iepm.web.app import create_app
 
+    tune_interpreter()
     return uvicorn.Config(
-        create_app(archive_url, health=health),
+        create_app(archive_url, health=health, places=places),
         host=host,
         port=port,
         log_level="warning",
@@ -62,11 +82,12 @@ def serve_in_background(
     host: str = "127.0.0.1",
     port: int = 8080,
     health: SchedulerHealth | None = None,
+    places: Places | None = None,
 ) -> ServerHandle:
     """Serve the dashboard from a thread (the demo does this beside its scheduler, passing the
     scheduler's ``health`` so /metrics shows its archive write failures). Returns once the
     server accepts connections; raises IepmError if it could not start."""
-    server = uvicorn.Server(uvicorn_config(archive_url, host, port, health))
+    server = uvicorn.Server(uvicorn_config(archive_url, host, port, health, places))
     # Signals belong to the main program (the demo stops us with stop()).
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, name=f"iepm-web-{port}", daemon=True)
@@ -103,7 +124,13 @@ class TcpConfig(uvicorn.Config):
 
 
 def app_from_env() -> object:
-    """The app of one worker process (``--workers N``): its archive URL is in the environment."""
+    """The app of one worker process (``--workers N``): its archive URL is in the environment,
+    and the path of targets.toml (``--config``) when given."""
+    from iepm.config import load_config
     from iepm.web.app import create_app
+    from iepm.web.places import places_of
 
-    return create_app(os.environ[URL_ENV])
+    tune_interpreter()
+    config = os.environ.get(CONFIG_ENV)
+    places = places_of(load_config(config)) if config else None
+    return create_app(os.environ[URL_ENV], places=places)

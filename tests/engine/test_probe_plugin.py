@@ -269,14 +269,8 @@ def test_a_registered_probe_is_found_everywhere_without_another_edit(
     assert len([line for line in lines if not line.startswith("#")]) == 1 + 41
 
 
-# The web layer derives its probes and metrics from the registry in the web engineer's branch
-# (issue 19); on the plugin branch alone web/ still has hard-coded lists, so this part is
-# expected to fail here and to pass once both are merged (strict: an unexpected pass fails, so
-# the marker is removed at the merge).
-@pytest.mark.xfail(
-    strict=True,
-    reason="web/ derives probes and metrics from the registry only after the web branch merges",
-)
+# The web layer derives its probes and metrics from the registry (issue 19): the API's probe
+# enum, the target page's charts and /metrics show a probe registered at run time.
 def test_the_web_layer_charts_and_exports_a_registered_probe(
     tmp_path: Path, listener: int, tcpconnect: type[TcpConnect]
 ) -> None:
@@ -299,6 +293,9 @@ def test_the_web_layer_charts_and_exports_a_registered_probe(
         assert page.status_code == 200
         # The target page charts the metric (its label and its key as a series).
         assert "TCP connect (ms)" in page.text and "connect_ms" in page.text
+        specs = re.findall(r'class="chart-spec"[^>]*>(.*?)</script>', page.text)
+        charts = {spec["id"]: spec for spec in map(json.loads, specs)}
+        assert [s["label"] for s in charts["tcpconnect"]["series"]] == ["connect_ms"]
         scraped = client.get("/metrics").text
         newest = max(results, key=lambda r: r.started_at)
         line = 'iepm_tcpconnect_connect_seconds{monitor="test-mon",target="local"} '

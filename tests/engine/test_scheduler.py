@@ -13,7 +13,7 @@ from iepm.config import load_config_text
 from iepm.errors import StoreError
 from iepm.rawlog import RawLog
 from iepm.results import Result
-from iepm.scheduler import Scheduler
+from iepm.scheduler import CycleReport, Scheduler
 from iepm.store import Archive
 from tests.helpers import blackhole_netns, iperf3_server, is_root
 
@@ -228,7 +228,10 @@ interval_s = 1.4
     )
     with Archive.open(config.monitor.archive) as archive:
         scheduler = Scheduler(config, archive)
-        first, second = asyncio.run(scheduler.run(cycles=2))
+        reports: list[CycleReport] = []
+        last = asyncio.run(scheduler.run(cycles=2, on_cycle=reports.append))
+        first, second = reports
+        assert last is second  # only the last report is kept
         cycles = archive.cycles()
     assert first.overran and first.duration_s > 13.5
     assert scheduler.health.cycle_overruns >= 1

@@ -47,8 +47,9 @@ TOPOLOGY = {
 
 def _scheduler_throughput(config_text: str, archive: Archive) -> float:
     config = load_config_text(config_text)
-    reports = asyncio.run(Scheduler(config, archive).run(cycles=1))
-    result = next(r for r in reports[0].results if r.probe == "iperf3")
+    report = asyncio.run(Scheduler(config, archive).run(cycles=1))
+    assert report is not None
+    result = next(r for r in report.results if r.probe == "iperf3")
     assert result.succeeded, result.error
     return float(result.data["throughput_bps"])
 

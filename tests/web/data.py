@@ -15,6 +15,7 @@ from typing import Any
 
 from iepm.results import Outcome, Result, format_time, new_result_id
 from iepm.store import Archive, Cycle, schema
+from iepm.tuning.store import Study, StudyRecorder
 
 END = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 STEP = timedelta(minutes=90)
@@ -69,6 +70,11 @@ def _traceroute(monitor: str, target: str, when: datetime) -> Result:
     hops = ["192.0.2.1", "198.51.100.7", None, "203.0.113.9"]
     if target == "cern-1" and when >= ROUTE_CHANGE:
         hops = ["192.0.2.1", "198.51.100.99", "198.51.100.100", None, "203.0.113.9"]
+    return traceroute(monitor, target, when, hops)
+
+
+def traceroute(monitor: str, target: str, when: datetime, hops: list[str | None]) -> Result:
+    """A successful traceroute as the probe stores it (None: a silent hop, printed ``*``)."""
     data = {
         "reached": True,
         "destination_address": hops[-1],
@@ -229,37 +235,28 @@ def alerts(end: datetime = END) -> list[dict[str, Any]]:
     ]
 
 
-def studies(end: datetime = END) -> list[dict[str, Any]]:
-    """One finished window × streams study of cern-1 and an interrupted one."""
+def studies(archive: Archive, end: datetime = END) -> None:
+    """Written by the tuning layer's own writer (StudyRecorder, point by point): a finished
+    window × streams sweep of cern-1 and an interrupted duration study. ``finished_at`` is
+    stamped by the writer when the fixture is built."""
     points = [
-        {"window": w, "streams": s, "throughput_bps": 1e8 * s} for w in ("1M", "4M") for s in (1, 4)
+        {"window": w, "window_label": w, "streams": s, "succeeded": True, "throughput_bps": 1e8 * s}
+        for w in ("1M", "4M")
+        for s in (1, 4)
     ]
-    return [
-        {
-            "id": "study-1",
-            "kind": "tuning",
-            "monitor": "slac-mon",
-            "target": "cern-1",
-            "started_at": end - timedelta(days=6),
-            "finished_at": end - timedelta(days=6, hours=-1),
-            "partial": False,
-            "params": {"windows": ["1M", "4M"], "streams": [1, 4]},
-            "data": points,
-            "summary": {"window": "4M", "streams": 4},
-        },
-        {
-            "id": "study-2",
-            "kind": "duration",
-            "monitor": "slac-mon",
-            "target": "cern-1",
-            "started_at": end - timedelta(days=2),
-            "finished_at": None,
-            "partial": True,
-            "params": {},
-            "data": points[:1],
-            "summary": {},
-        },
-    ]
+    sweep = Study(
+        "sweep",
+        "slac-mon",
+        "cern-1",
+        {"windows": ["1M", "4M"], "streams": [1, 4]},
+        started_at=end - timedelta(days=6),
+    )
+    recorder = StudyRecorder(archive, sweep)
+    for point in points:
+        recorder.add_point(point)
+    recorder.finish({"window": "4M", "streams": 4}, partial=False)
+    duration = Study("duration", "slac-mon", "cern-1", {}, started_at=end - timedelta(days=2))
+    StudyRecorder(archive, duration).add_point(points[0])  # interrupted: never finished
 
 
 def fill(url: str, end: datetime = END, extra: list[Result] | None = None) -> Archive:
@@ -269,5 +266,5 @@ def fill(url: str, end: datetime = END, extra: list[Result] | None = None) -> Ar
         archive.add_cycle(cycle)
     with archive.writing("adding test alerts and studies") as conn:
         conn.execute(schema.alerts.insert(), alerts(end))
-        conn.execute(schema.studies.insert(), studies(end))
+    studies(archive, end)
     return archive

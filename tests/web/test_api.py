@@ -145,6 +145,11 @@ def test_aggregates_per_week_equal_independent_means(client: TestClient, archive
         ("/api/v1/aggregates?target=cern-1&metric=ping.rtt_avg_ms&period=decade", 422, "period"),
         ("/api/v1/results?since=0001-01-01T00:00:00%2B14:00", 422, "out of range"),
         ("/targets/cern-1?until=0001-01-02", 422, "out of range"),
+        ("/?until=9999-12-31T23:59:59", 422, "until: 9999-12-31T23:59:59+00:00 is out of range"),
+        ("/tables/paths?until=9999-12-31T23:59:59", 422, "out of range"),
+        ("/api/v1/results?until=9999-12-31T23:59:59", 422, "out of range"),
+        ("/api/v1/alerts?since=9999-12-31T23:59:59.999999", 422, "out of range"),
+        ("/api/v1/latest?since=0001-01-01T00:00:00-14:00", 422, "out of range"),
         ("/compare?mode=time", 422, "give target="),
         ("/compare?x=ping.bogus", 422, "query.x"),
         ("/targets/cern-1/tables/nope", 404, "no table 'nope'"),
@@ -355,13 +360,15 @@ def test_tsv_download_documents_its_columns(client: TestClient) -> None:
     assert lines[0].startswith("# iepm iperf3 results: target=cern-1 monitor=slac-mon")
     assert "# throughput_bps: receiver-side throughput, bit/s" in lines
     header = next(line for line in lines if not line.startswith("#"))
+    # Every metric the iperf3 probe declares, in its order (the probe registry's).
     assert header.split("\t") == [
         "started_at",
         "outcome",
         "throughput_bps",
+        "retransmits",
+        "mean_rtt_ms",
         "window_bytes",
         "stream_count",
-        "retransmits",
     ]
 
 
@@ -468,10 +475,10 @@ def test_alerts_on_overview_and_target_page(client: TestClient, archive: Archive
     studies = csv_rows(client, f"/targets/cern-1/tables/studies?until={END}")
     assert [(r["kind"], r["partial"], r["points"]) for r in studies] == [
         ("duration", "1", "1"),
-        ("tuning", "0", "4"),
+        ("sweep", "0", "4"),
     ]
     assert "window=4M" in studies[1]["summary"]
-    api = client.get("/api/v1/studies?target=cern-1&kind=tuning").json()
+    api = client.get("/api/v1/studies?target=cern-1&kind=sweep").json()
     assert api["total"] == 1 and api["studies"][0]["summary"] == {"window": "4M", "streams": 4}
 
 

@@ -19,9 +19,15 @@ from tests.helpers import free_port
 
 
 def test_background_server_starts_and_stops(archive_url: str) -> None:
+    import sys
+
+    from iepm.web.server import SWITCH_INTERVAL_S
+
     port = free_port()
     handle = serve_in_background(archive_url, "127.0.0.1", port)
     try:
+        # The serving process gets the GIL back quickly from page threads (SWITCH_INTERVAL_S).
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
         assert handle.url == f"http://127.0.0.1:{port}/"
         assert httpx.get(f"{handle.url}api/v1/health", timeout=5).json()["status"] == "ok"
         assert httpx.get(f"{handle.url}static/uPlot.iife.min.js", timeout=5).status_code == 200
@@ -286,18 +292,18 @@ def test_pages_are_computed_by_a_few_threads_of_their_own(
     from datetime import timedelta
 
     from iepm.results import format_time
-    from iepm.web import app as web_app
-    from iepm.web import views
+    from iepm.web import context
+    from iepm.web.pages import target
     from tests.web import data
 
     computing: list[str] = []
-    real = views.target_page
+    real = target.target_page
 
     def recorded(*args: object, **kwargs: object) -> object:
         computing.append(threading.current_thread().name)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(views, "target_page", recorded)
+    monkeypatch.setattr(target, "target_page", recorded)
     app = create_app(archive_url, cache_ttl_s=0)
 
     async def visit_all() -> list[int]:
@@ -313,8 +319,4 @@ def test_pages_are_computed_by_a_few_threads_of_their_own(
     assert asyncio.run(visit_all()) == [200] * 12
     assert len(computing) == 12
     assert all(name.startswith("iepm-page") for name in computing)
-    assert len(set(computing)) <= web_app.PAGE_THREADS
-    # ...and the event loop gets the GIL back quickly from them (see SWITCH_INTERVAL_S).
-    import sys
-
-    assert sys.getswitchinterval() == pytest.approx(web_app.SWITCH_INTERVAL_S)
+    assert len(set(computing)) <= context.PAGE_THREADS

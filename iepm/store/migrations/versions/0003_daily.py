@@ -36,7 +36,8 @@ def upgrade() -> None:
     # The archive's existing results: one pass, one path at a time.
     from iepm.store import rollup
 
-    rollup.rebuild(op.get_bind())
+    # No purpose column yet (revision 0004): every result then was routine.
+    rollup.rebuild(op.get_bind(), by_purpose=False)
 
 
 def downgrade() -> None:

@@ -1,0 +1,275 @@
+"""The report pages (HTML) and their tables' downloads (``…/tables/NAME?format=csv|tsv``)."""
+
+# No "from __future__ import annotations": the routes' enums are made per app (in router()),
+# and FastAPI must see annotations as objects, not as names it cannot resolve.
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import HTMLResponse, Response
+
+from iepm.probes import all_metrics
+from iepm.results import format_time
+from iepm.web.context import UNKNOWN, Until, WebContext, now_of, web
+from iepm.web.pages import aggregate, compare, overview, target
+from iepm.web.tables import Table
+
+Context = Annotated[WebContext, Depends(web)]
+
+
+class View(StrEnum):
+    last7 = "last7"
+    weekly = "weekly"
+    daily = "daily"
+    weekday = "weekday"
+    workday = "workday"
+    monthly = "monthly"
+
+
+class TableFormat(StrEnum):
+    csv = "csv"
+    tsv = "tsv"
+
+
+def download(table: Table, fmt: TableFormat, selection: str, stem: str) -> Response:
+    media = "text/csv" if fmt == TableFormat.csv else "text/tab-separated-values"
+    body = table.render(fmt.value, selection)
+    filename = f"{stem}-{table.name}.{fmt.value}".replace("/", "_")
+    return Response(
+        body,
+        media_type=f"{media}; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+def pick(tables: dict[str, Table], name: str) -> Table:
+    if name not in tables:
+        raise HTTPException(404, f"no table {name!r} here (tables: {', '.join(tables)})")
+    return tables[name]
+
+
+def _context(page: Any) -> dict[str, Any]:
+    """A page's fields (and properties) for its template."""
+    names = [
+        *vars(page),
+        *(n for n in dir(type(page)) if isinstance(getattr(type(page), n), property)),
+    ]
+    return {name: getattr(page, name) for name in names}
+
+
+def router() -> APIRouter:
+    """The pages' routes. Metric choices are the registry's when the app is made."""
+    metrics = list(all_metrics())
+    agg_names = [m.name for m in aggregate.agg_metrics()]
+    MetricName = StrEnum("MetricName", {n: n for n in metrics})  # type: ignore[misc]
+    AggMetric = StrEnum("AggMetric", {n: n for n in agg_names})  # type: ignore[misc]
+    # Defaults: the RTPL pair when registered, else the first metrics there are.
+    x_default = MetricName(
+        aggregate.AGG_METRICS[0] if aggregate.AGG_METRICS[0] in metrics else metrics[0]
+    )
+    y_default = MetricName(aggregate.THROUGHPUT if aggregate.THROUGHPUT in metrics else metrics[-1])
+    agg_default = AggMetric(agg_names[0])
+    pages = APIRouter(tags=["pages"], responses=UNKNOWN)
+
+    def overview_data(w: WebContext, until: datetime | None) -> overview.Overview:
+        return w.page_data(  # type: ignore[no-any-return]
+            ("overview",), until, lambda now: overview.overview(w.queries, now, w.places)
+        )
+
+    def overview_html(w: WebContext, request: Request, until: datetime | None) -> str:
+        now = now_of(until)
+
+        def render() -> str:
+            context = {
+                **_context(overview_data(w, until)),
+                "request": request,
+                "now": now,
+                "until": until,
+            }
+            return w.templates.get_template("overview.html").render(context)
+
+        if until is not None:
+            return render()
+        # Everyone lands here: the rendered page is shared (refreshed every cache_ttl_s).
+        return w.queries.cached(("overview-html",), render)
+
+    @pages.get("/", response_class=HTMLResponse, summary="Overview page")
+    async def overview_page(w: Context, request: Request, until: Until = None) -> HTMLResponse:
+        # A shared page that is ready is answered on the event loop; computing goes to a thread.
+        if until is None:
+            html = w.queries.ready(("overview-html",), lambda: overview_html(w, request, None))
+            if html is not None:
+                return HTMLResponse(html)
+        return HTMLResponse(await w.computed(overview_html, w, request, until))
+
+    @pages.get("/tables/{name}", summary="Download an overview table")
+    def overview_table(
+        w: Context, name: str, format: TableFormat = TableFormat.csv, until: Until = None
+    ) -> Response:
+        now = now_of(until)
+        table = pick(overview_data(w, until).tables, name)
+        return download(table, format, f"until={format_time(now)}", "overview")
+
+    def target_data(
+        w: WebContext, name: str, monitor: str | None, until: datetime | None
+    ) -> target.TargetPage:
+        return w.page_data(  # type: ignore[no-any-return]
+            ("target", name, monitor),
+            until,
+            lambda end: target.target_page(w.queries, name, monitor, end),
+        )
+
+    def target_html(
+        w: WebContext, request: Request, name: str, monitor: str | None, until: datetime | None
+    ) -> str:
+        w.known_target(name)
+        w.known_monitor(name, monitor)
+        now = now_of(until)
+
+        def render(page: target.TargetPage) -> str:
+            context = {**_context(page), "request": request, "now": now, "until": until}
+            return w.templates.get_template("target.html").render(
+                {**context, "window_end": page.until}
+            )
+
+        if until is not None:
+            return render(target_data(w, name, monitor, until))
+        # Only the rendered page is kept (one string, not the figures' many small objects), and
+        # shared (its links carry the query string, hence the key).
+        return w.queries.cached(
+            ("target-html", name, monitor, request.url.query),
+            lambda: render(target.target_page(w.queries, name, monitor, datetime.now(UTC))),
+        )
+
+    @pages.get("/targets/{target}", response_class=HTMLResponse, summary="Target page")
+    async def target_page(
+        w: Context,
+        request: Request,
+        target: str,
+        monitor: str | None = None,
+        until: Until = None,
+    ) -> HTMLResponse:
+        # A shared page that is ready is answered on the event loop; computing goes to a thread.
+        if until is None:
+            key = ("target-html", target, monitor, request.url.query)
+            html = w.queries.ready(key, lambda: target_html(w, request, target, monitor, None))
+            if html is not None:
+                return HTMLResponse(html)
+        return HTMLResponse(await w.computed(target_html, w, request, target, monitor, until))
+
+    @pages.get("/targets/{target}/tables/{name}", summary="Download a target-page table")
+    def target_table(
+        w: Context,
+        target: str,
+        name: str,
+        format: TableFormat = TableFormat.csv,
+        monitor: str | None = None,
+        until: Until = None,
+    ) -> Response:
+        w.known_target(target)
+        w.known_monitor(target, monitor)
+        page = target_data(w, target, monitor, until)
+        selection = f"target={target} monitor={page.monitor} until={format_time(page.until)}"
+        return download(pick(page.tables, name), format, selection, target)
+
+    def aggregate_data(
+        w: WebContext,
+        name: str,
+        monitor: str | None,
+        view: View,
+        metric: str,
+        until: datetime | None,
+    ) -> aggregate.AggregatePage:
+        w.known_target(name)
+        w.known_monitor(name, monitor)
+        return w.page_data(  # type: ignore[no-any-return]
+            ("aggregate", name, monitor, view.value, metric),
+            until,
+            lambda end: aggregate.aggregate_page(w.queries, name, monitor, view.value, metric, end),
+        )
+
+    @pages.get("/aggregate/{target}", response_class=HTMLResponse, summary="Aggregation views")
+    def aggregate_page(
+        w: Context,
+        request: Request,
+        target: str,
+        view: View = View.weekly,
+        metric: AggMetric = agg_default,  # type: ignore[valid-type]
+        monitor: str | None = None,
+        until: Until = None,
+    ) -> HTMLResponse:
+        page = aggregate_data(w, target, monitor, view, metric.value, until)
+        return w.templates.TemplateResponse(
+            request,
+            "aggregate.html",
+            {**_context(page), "now": now_of(until), "until": until, "agg_metrics": agg_names},
+        )
+
+    @pages.get("/aggregate/{target}/tables/{name}", summary="Download an aggregation table")
+    def aggregate_table(
+        w: Context,
+        target: str,
+        name: str,
+        format: TableFormat = TableFormat.csv,
+        view: View = View.weekly,
+        metric: AggMetric = agg_default,  # type: ignore[valid-type]
+        monitor: str | None = None,
+        until: Until = None,
+    ) -> Response:
+        page = aggregate_data(w, target, monitor, view, metric.value, until)
+        selection = f"target={target} view={view.value} metric={metric.value}"
+        return download(pick(page.tables, name), format, selection, target)
+
+    def compare_data(
+        w: WebContext, x: str, y: str, mode: compare.Mode, name: str | None, until: datetime | None
+    ) -> compare.ComparePage:
+        if mode == "time":
+            if name is None:
+                raise HTTPException(422, "mode=time compares runs of one target: give target=")
+            w.known_target(name)
+        return w.page_data(  # type: ignore[no-any-return]
+            ("compare", x, y, mode, name),
+            until,
+            lambda end: compare.compare_page(w.queries, x, y, mode, name, end),
+        )
+
+    @pages.get("/compare", response_class=HTMLResponse, summary="Compare two metrics")
+    def compare_page(
+        w: Context,
+        request: Request,
+        x: MetricName = x_default,  # type: ignore[valid-type]
+        y: MetricName = y_default,  # type: ignore[valid-type]
+        mode: Literal["targets", "time"] = "targets",
+        target: str | None = None,
+        until: Until = None,
+    ) -> HTMLResponse:
+        page = compare_data(w, x.value, y.value, mode, target, until)
+        return w.templates.TemplateResponse(
+            request,
+            "compare.html",
+            {
+                **_context(page),
+                "until": until,
+                "all_metrics": metrics,
+                "targets": w.queries.targets(),
+            },
+        )
+
+    @pages.get("/compare/tables/{name}", summary="Download the compare data")
+    def compare_table(
+        w: Context,
+        name: str,
+        format: TableFormat = TableFormat.csv,
+        x: MetricName = x_default,  # type: ignore[valid-type]
+        y: MetricName = y_default,  # type: ignore[valid-type]
+        mode: Literal["targets", "time"] = "targets",
+        target: str | None = None,
+        until: Until = None,
+    ) -> Response:
+        page = compare_data(w, x.value, y.value, mode, target, until)
+        selection = f"x={x.value} y={y.value} mode={mode} target={target or 'all'}"
+        return download(pick(page.tables, name), format, selection, "compare")
+
+    return pages

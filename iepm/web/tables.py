@@ -1,0 +1,285 @@
+"""What a page is made of: tables (downloadable as CSV/TSV) and the charts drawn from them.
+
+Every number a page shows is in one of its tables, so what a person reads, what they download
+and what the tests check are the same numbers. A table's rows are named tuples whose fields are
+its columns (checked when the table is made); cells keep their type (datetime, float, Month)
+until they are written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from iepm.export import escape_tsv, format_cell, format_number, verbatim
+from iepm.probes.base import Column
+from iepm.results import format_time
+
+HISTORY = timedelta(days=28)
+YEAR = timedelta(days=365)
+# Alerts and studies shown on a page (the API pages through all of them).
+PAGE_ROWS = 50
+TSV_NOTE = "# empty cell: no value; backslash, tab, newline, CR written \\\\ \\t \\n \\r\n"
+
+
+@dataclass(frozen=True)
+class Month:
+    """A UTC calendar month: written ``YYYY-MM``, plotted at its first instant."""
+
+    start: datetime
+
+    def __str__(self) -> str:
+        return self.start.strftime("%Y-%m")
+
+
+@dataclass
+class Table:
+    """A downloadable table; column names carry their units, as in ``iepm export``."""
+
+    name: str
+    title: str
+    columns: list[Column]
+    rows: Sequence[tuple[Any, ...]]
+
+    def __post_init__(self) -> None:
+        # Typed rows: a named tuple's fields are the columns, in order.
+        names = tuple(c.name for c in self.columns)
+        for row in self.rows[:1]:
+            fields = getattr(row, "_fields", None)
+            # A field named like a keyword ("from") ends with "_".
+            if fields is not None and tuple(f.rstrip("_") for f in fields) != names:
+                raise ValueError(f"table {self.name}: row fields {fields} are not {names}")
+
+    def render(self, fmt: Literal["csv", "tsv"], selection: str) -> str:
+        out = io.StringIO(newline="")
+        names = [c.name for c in self.columns]
+        if fmt == "tsv":
+            out.write(f"# iepm {self.title}: {selection}\n")
+            out.write(TSV_NOTE)
+            out.writelines(f"# {c.name}: {c.description}\n" for c in self.columns)
+            out.write("\t".join(names) + "\n")
+            for row in self.rows:
+                out.write("\t".join(_cell(v, escape_tsv) for v in row) + "\n")
+        else:
+            writer = csv.writer(out)
+            writer.writerow(names)
+            writer.writerows([_cell(v, verbatim) for v in row] for row in self.rows)
+        return out.getvalue()
+
+
+def _cell(value: Any, text: Any) -> str:
+    if isinstance(value, datetime):
+        return format_time(value)
+    if isinstance(value, Month):
+        return str(value)
+    if isinstance(value, np.floating):
+        value = float(value)
+    if isinstance(value, np.integer):
+        value = int(value)
+    return format_cell(value, text)
+
+
+def cell_text(value: Any) -> str:
+    """A table cell as the CSV download writes it, so page and download agree."""
+    if isinstance(value, datetime):
+        return format_time(value)
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return format_number(value)
+    return str(value)
+
+
+def human(value: float | None, name: str) -> str:
+    """Short text for a grid cell by the unit in the metric's name: 941 Mbit/s, 40.5 ms."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if name.endswith("_bps"):
+        for scale, unit in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+            if abs(value) >= scale:
+                return f"{value / scale:.3g} {unit}"
+        return f"{value:.3g} bit/s"
+    if name.endswith("_ms"):
+        return f"{value:.3g} ms"
+    if name.endswith("_percent"):
+        return f"{value:.2g} %"
+    return f"{value:.4g}"
+
+
+class Series(NamedTuple):
+    label: str
+    values: Sequence[float | None]
+    axis: int = 1  # 2, 3: extra y axes (other units)
+
+
+@dataclass
+class Chart:
+    """A uPlot chart: ``x`` (epoch seconds for time charts) and one list per series."""
+
+    id: str
+    title: str
+    kind: Literal["time", "bars", "line", "scatter"]
+    x: Sequence[float]
+    series: list[Series]
+    table: str
+    x_label: str = "time (UTC)"
+    events: list[float] = field(default_factory=list)
+    # Step-change alerts of the plotted metrics: (change epoch s, "metric up|down cause").
+    alerts: list[tuple[float, str]] = field(default_factory=list)
+    note: str = ""
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "kind": self.kind,
+            "x": json_list(self.x),
+            "series": [
+                {
+                    "label": s.label,
+                    "values": json_list(s.values),
+                    **({"axis": s.axis} if s.axis > 1 else {}),
+                }
+                for s in self.series
+            ],
+            "xLabel": self.x_label,
+            "events": self.events,
+            "alerts": [{"t": t, "label": label} for t, label in self.alerts],
+        }
+
+
+def json_list(values: Any) -> list[float | None]:
+    return [None if v is None or not math.isfinite(v) else float(v) for v in values]
+
+
+def col(name: str, description: str) -> Column:
+    return Column(name, description)
+
+
+def num(value: float | None) -> float | None:
+    """A finite float, or None (a cell with no value)."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+# -- alerts and studies (written by the analysis and tuning layers; shown by several pages) --
+
+
+def facts_text(value: Any) -> str:
+    """A JSON object as short ``key=value`` text for a table cell."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={facts_text(v)}" for k, v in sorted(value.items()))
+    if isinstance(value, list):
+        return "[" + ", ".join(facts_text(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+class AlertRow(NamedTuple):
+    detected_at: datetime
+    change_at: datetime
+    monitor: str
+    target: str
+    metric: str
+    direction: str
+    before: float | None
+    after: float | None
+    change_percent: float | None
+    cause: str
+    details: str
+
+
+ALERT_COLUMNS = [
+    col("detected_at", "when the change was detected, UTC"),
+    col("change_at", "when the series changed, UTC"),
+    col("monitor", "monitoring host"),
+    col("target", "target name"),
+    col("metric", "probe.metric that changed, unit in the name"),
+    col("direction", "up or down"),
+    col("before", "level before the change, in the metric's unit"),
+    col("after", "level after the change, in the metric's unit"),
+    col("change_percent", "(after - before) / before, percent"),
+    col("cause", "likely cause: route, host, tuning or unknown"),
+    col("details", "the evidence for the cause"),
+]
+
+
+def alert_metric(row: dict[str, Any]) -> str:
+    """The alert's ``probe.metric`` (older rows stored the bare key)."""
+    metric = str(row["metric"])
+    return metric if "." in metric else f"{row['probe']}.{metric}"
+
+
+def alerts_table(rows: list[dict[str, Any]], total: int, scope: str) -> Table:
+    return Table(
+        "alerts",
+        f"alerts {scope} ({total}, newest first)",
+        ALERT_COLUMNS,
+        [
+            AlertRow(
+                r["detected_at"],
+                r["change_at"],
+                r["monitor"],
+                r["target"],
+                alert_metric(r),
+                r["direction"],
+                r["before"],
+                r["after"],
+                r["change_percent"],
+                r["cause"],
+                facts_text(r["details"]),
+            )
+            for r in rows
+        ],
+    )
+
+
+class StudyRow(NamedTuple):
+    started_at: datetime
+    finished_at: datetime | None
+    kind: str
+    monitor: str
+    partial: int
+    points: int | None
+    summary: str
+
+
+def study_points(data: Any) -> int | None:
+    """Points a study measured: the tuning layer writes ``data = {"points": [...]}``."""
+    points = data.get("points") if isinstance(data, dict) else None
+    return len(points) if isinstance(points, list) else None
+
+
+def studies_table(rows: list[dict[str, Any]], total: int) -> Table:
+    return Table(
+        "studies",
+        f"tuning, duration and impact studies ({total}, newest first)",
+        [
+            col("started_at", "start of the study, UTC"),
+            col("finished_at", "end of the study, UTC (empty: still running or cut short)"),
+            col("kind", "what was studied"),
+            col("monitor", "monitoring host"),
+            col("partial", "1 when the study was interrupted"),
+            col("points", "measurements taken"),
+            col("summary", "what it concluded"),
+        ],
+        [
+            StudyRow(
+                r["started_at"],
+                r["finished_at"],
+                r["kind"],
+                r["monitor"],
+                1 if r["partial"] else 0,
+                study_points(r["data"]),
+                facts_text(r["summary"]),
+            )
+            for r in rows
+        ],
+    )
