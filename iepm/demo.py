@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from iepm import tomlload
 from iepm.config import Config, load_config_text
 from iepm.errors import IepmError, LabError, ToolNotFound
 from iepm.results import Result
@@ -200,10 +200,8 @@ class Demo:
     ) -> Demo:
         from iepm.lab import Lab
 
-        if isinstance(topology, str | Path):
-            raw = tomllib.loads(Path(topology).read_text(encoding="utf-8"))
-        else:
-            raw = topology
+        # A file: bad bytes or nesting become a one-line ConfigError, as for `iepm lab up`.
+        raw = tomlload.load(topology).data if isinstance(topology, str | Path) else topology
         stack = contextlib.ExitStack()
         try:
             say(f"iepm demo: bringing up lab {lab_name or raw['lab']['name']} ...")
