@@ -1,7 +1,8 @@
 """``iepm forecast``, ``iepm changes``, ``iepm diurnal``: the analyses on any series file;
 ``iepm alerts``: the step-change alerts the monitor stored.
 
-The main CLI mounts them with :func:`register`. Errors print one line to stderr and exit 2.
+The main CLI mounts them with :func:`register`. Errors print one line to stderr and exit with
+the code of :class:`iepm.errors.ExitCode` (2 for a bad file or option).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from iepm.analysis.methods import METHODS, START
-from iepm.errors import AnalysisError, IepmError
+from iepm.cliglue import guarded, open_archive, parse_moment
+from iepm.errors import AnalysisError
 
 if TYPE_CHECKING:
     from iepm.analysis.series import Series
@@ -36,19 +37,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 T = TypeVar("T")
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 def _guard(work: Callable[[], T]) -> T:
-    """Run ``work``; a bad file or option becomes a one-line message and exit code 2."""
+    """Run ``work``; numbers the analyses cannot handle are the series' fault (exit code 2)."""
     try:
         return work()
-    except IepmError as exc:
-        raise _fail(str(exc)) from None
     except (ValueError, OverflowError, MemoryError) as exc:
-        raise _fail(f"cannot analyse the series: {exc}") from None
+        raise AnalysisError(f"cannot analyse the series: {exc}") from None
 
 
 def _num(v: float) -> float | None:
@@ -170,17 +164,6 @@ def diurnal_command(
     _tsv(["days", *keys], [[k, *(getattr(v, key) for key in keys)] for k, v in fits.items()])
 
 
-def _moment(value: str | None, option: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        msg = f"{option}: not an ISO date or time: {value!r} (e.g. 2026-11-01)"
-        raise AnalysisError(msg) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
 def alerts_command(
     db: Annotated[str | None, typer.Option("--db", help="Archive URL.")] = None,
     config: Annotated[
@@ -195,21 +178,10 @@ def alerts_command(
     """Step-change alerts stored by the monitor, oldest first, with their likely cause."""
     from iepm.analysis.alerts import load_alerts
     from iepm.analysis.series import iso
-    from iepm.config import load_config
-    from iepm.store import Archive
 
-    def work() -> list[Any]:
-        start = _moment(since, "--since")
-        if db:
-            url = db
-        elif config:
-            url = load_config(config).monitor.archive
-        else:
-            raise AnalysisError("give --db URL or --config FILE to say which archive to read")
-        with Archive.open(url) as archive:
-            return load_alerts(archive, target=target, since=start)
-
-    alerts = _guard(work)
+    start = parse_moment(since, "--since")
+    with open_archive(db, config, reading=True) as archive:
+        alerts = load_alerts(archive, target=target, since=start)
     if as_json:
         rows = [
             {
@@ -246,7 +218,7 @@ def alerts_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``forecast``, ``changes``, ``diurnal`` and ``alerts`` to ``app``."""
-    app.command("forecast")(forecast_command)
-    app.command("changes")(changes_command)
-    app.command("diurnal")(diurnal_command)
-    app.command("alerts")(alerts_command)
+    app.command("forecast")(guarded(forecast_command))
+    app.command("changes")(guarded(changes_command))
+    app.command("diurnal")(guarded(diurnal_command))
+    app.command("alerts")(guarded(alerts_command))
