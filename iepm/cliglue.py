@@ -82,22 +82,18 @@ class GuardedTyper(typer.Typer):
     """A Typer app whose commands and callbacks all run inside :func:`guarded`."""
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        register = super().command(*args, **kwargs)
-
-        def decorator(func: Callable[P, R]) -> Callable[P, R]:
-            register(guarded(func))
-            return func
-
-        return decorator
+        return _guarding(super().command(*args, **kwargs))
 
     def callback(self, *args: Any, **kwargs: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        register = super().callback(*args, **kwargs)
+        return _guarding(super().callback(*args, **kwargs))
 
-        def decorator(func: Callable[P, R]) -> Callable[P, R]:
-            register(guarded(func))
-            return func
 
-        return decorator
+def _guarding(register: Callable[[Any], Any]) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    def decorator(func: Callable[P, R]) -> Callable[P, R]:
+        register(guarded(func))
+        return func
+
+    return decorator
 
 
 def parse_listen(text: str, example: str = "127.0.0.1:8080") -> tuple[str, int]:

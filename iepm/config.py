@@ -25,6 +25,16 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_PROBES = ("ping", "traceroute", "iperf3")
 
 
+def simple_name(value: str, what: str) -> str:
+    """``value`` if it is a name safe in paths, logs and URLs (NAME_RE), else a ValueError."""
+    if not NAME_RE.match(value):
+        raise ValueError(
+            f"{what} names are 1-64 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit"
+        )
+    return value
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -55,14 +65,8 @@ class MonitorConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _name_is_simple(cls, value: str) -> str:
-        # The name is written into results, raw-log paths and agent requests: the same rule
-        # as target names (no line breaks, no '/', no '..', at most 64 characters).
-        if not NAME_RE.match(value):
-            raise ValueError(
-                "monitor names are 1-64 letters, digits, '.', '_' or '-', starting with a "
-                "letter or digit"
-            )
-        return value
+        # Written into results, raw-log paths and agent requests: no line break, '/' or '..'.
+        return simple_name(value, "monitor")
 
     @field_validator("archive")
     @classmethod
