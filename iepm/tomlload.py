@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from iepm import utf8
 from iepm.errors import ConfigError
 from iepm.tomlpos import deepest_nesting, format_loc, key_lines, line_in
 
@@ -48,21 +49,6 @@ class TomlText:
     data: dict[str, Any]
 
 
-def decode(data: bytes, where: str) -> str:
-    """UTF-8 text of a file's bytes (a leading BOM dropped), or a ConfigError naming the line
-    and column of the first byte that is not UTF-8."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        byte = data[exc.start]
-        raise ConfigError(
-            f"{where}:{line}: not UTF-8 (byte 0x{byte:02x} at column {column})"
-        ) from None
-    return text.removeprefix("\ufeff")
-
-
 def read_text(path: str | Path) -> str:
     """A configuration file's text; every failure is a one-line ConfigError."""
     path = Path(path)
@@ -73,12 +59,12 @@ def read_text(path: str | Path) -> str:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
         raise ConfigError(f"{path}: larger than {MAX_BYTES // (1024 * 1024)} MiB; not a config")
-    return decode(data, str(path))
+    return utf8.decode(data, str(path), ConfigError)
 
 
 def parse(text: str, where: str) -> TomlText:
     """Parse TOML text; syntax errors and excessive nesting are one-line ConfigErrors."""
-    depth, line = deepest_nesting(text)
+    depth, line = deepest_nesting(text, MAX_DEPTH)
     if depth > MAX_DEPTH:
         raise ConfigError(
             f"{where}:{line}: arrays or inline tables nested more than {MAX_DEPTH} deep"

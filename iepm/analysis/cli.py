@@ -33,6 +33,14 @@ CsvOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ColumnOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--column",
+        help="Value column of a file with a header, e.g. an `iepm export --format csv` table "
+        "(default there: the metric the monitor watches, such as throughput_bps or rtt_avg_ms).",
+    ),
+]
 
 T = TypeVar("T")
 
@@ -43,6 +51,15 @@ def _guard(work: Callable[[], T]) -> T:
         return work()
     except (ValueError, OverflowError, MemoryError) as exc:
         raise AnalysisError(f"cannot analyse the series: {exc}") from None
+
+
+def _read(csv: Path, column: str | None, min_rows: int = 2) -> Series:
+    """The series in ``csv``; from an export table, ``column`` or the watched metric it has."""
+    from iepm.analysis.series import read_series
+    from iepm.analysis.watch import RULES
+
+    prefer = [rule.metric for rule in RULES]
+    return read_series(csv, min_rows=min_rows, column=column, prefer=prefer)
 
 
 def _num(v: float) -> float | None:
@@ -65,15 +82,16 @@ def forecast_command(
         str, typer.Option("--method", help=f"One of: {', '.join(METHODS)} (auto: ensemble).")
     ] = "auto",
     as_json: JsonOpt = False,
+    column: ColumnOpt = None,
 ) -> None:
     """Walk-forward one-step-ahead forecasts with 80% prediction intervals."""
     from iepm.analysis.forecast import walk_forward
-    from iepm.analysis.series import iso, read_series
+    from iepm.analysis.series import iso
 
     def work() -> list[Any]:
         if method not in METHODS:
             raise AnalysisError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        s = read_series(csv, min_rows=START + 1)
+        s = _read(csv, column, min_rows=START + 1)
         return walk_forward(s.t, s.y, method)
 
     fcs = _guard(work)
@@ -104,13 +122,13 @@ def changes_command(
     online: Annotated[
         bool, typer.Option("--online", help="The alerting detector's decisions, sample by sample.")
     ] = False,
+    column: ColumnOpt = None,
 ) -> None:
     """Step changes: offline segmentation, or (--online) the alerts as they would be raised."""
     from iepm.analysis.changes import detect_online, segment
-    from iepm.analysis.series import read_series
 
     def work() -> tuple[Series, list[Any]]:
-        s = read_series(csv)
+        s = _read(csv, column)
         return s, (detect_online(s.y) if online else segment(s.y))
 
     s, cps = _guard(work)
@@ -147,13 +165,13 @@ def diurnal_command(
     site_b: Annotated[
         float, typer.Option("--site-b", help="Phase b kept for this site (simple estimate).")
     ] = math.pi / 2,
+    column: ColumnOpt = None,
 ) -> None:
     """Fit |a|·sin(x + b) + c over the time of day, weekdays and weekends apart."""
     from iepm.analysis.diurnal import fit_diurnal
-    from iepm.analysis.series import read_series
 
     def work() -> dict[str, Any]:
-        s = read_series(csv)
+        s = _read(csv, column)
         return fit_diurnal(s.t, s.y, utc_offset_hours=utc_offset, site_b=site_b)
 
     fits = _guard(work)
