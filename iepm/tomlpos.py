@@ -132,9 +132,10 @@ def key_lines(text: str) -> dict[Path, int]:
     return positions
 
 
-def deepest_nesting(text: str) -> tuple[int, int]:
+def deepest_nesting(text: str, limit: int | None = None) -> tuple[int, int]:
     """(depth, line): the deepest nesting of arrays and inline tables in ``text`` and the first
-    line that reaches it (0, 0 when there is none). Cheap, so that a loader can refuse a file
+    line that reaches it, (0, 0) when there is none; with ``limit``, the first line nested
+    deeper than ``limit`` (the scan stops there). Cheap, so that a loader can refuse a file
     before ``tomllib`` recurses into it."""
     value = ValueScanner()
     deepest, where = 0, 0
@@ -150,6 +151,8 @@ def deepest_nesting(text: str) -> tuple[int, int]:
         value.feed(line)
         if value.deepest > deepest:
             deepest, where = value.deepest, number
+            if limit is not None and deepest > limit:
+                break
     return deepest, where
 
 

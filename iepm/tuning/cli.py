@@ -517,8 +517,9 @@ def mathis_command(
     """Throughput predicted from ping RTT and loss (Mathis et al.) next to the measured one."""
     from iepm.tuning.mathis import path_table
 
+    start = _since(since)
     with _archive(config, db) as archive:
-        rows = _guard(lambda: path_table(archive, since=_since(since), target=target, c=c, mss=mss))
+        rows = _guard(lambda: path_table(archive, since=start, target=target, c=c, mss=mss))
     cols = [
         "monitor", "target", "pings", "rtt_ms", "loss_percent", "congestion", "iperf3_runs",
         "streams_median",
@@ -537,8 +538,9 @@ def cpu_command(
     """CPU cost of throughput (MHz per Mbit/s) per host and per kernel, from iperf3 results."""
     from iepm.tuning.cpu import summary
 
+    start = _since(since)
     with _archive(config, db) as archive:
-        s = _guard(lambda: summary(archive, since=_since(since)))
+        s = _guard(lambda: summary(archive, since=start))
     if fmt == "json":
         sys.stdout.write(json.dumps(s, indent=1) + "\n")
         return

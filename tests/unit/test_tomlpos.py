@@ -93,6 +93,9 @@ def test_deepest_nesting() -> None:
     assert deepest_nesting(MULTILINE) == (3, 11)
     assert deepest_nesting('a = "[[[["\n') == (0, 0)
     assert deepest_nesting("x = " + "[" * 50 + "]" * 50) == (50, 1)
+    deep = "x = [\n" + "[\n" * 40 + "]\n" * 41
+    assert deepest_nesting(deep) == (41, 41)
+    assert deepest_nesting(deep, limit=32) == (33, 33)  # the first line beyond the limit
 
 
 _NAME = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)
