@@ -32,6 +32,7 @@ import typer
 from rich.console import Console
 
 from iepm import tomlload
+from iepm.cliglue import fail, guarded
 from iepm.config import Config, load_config_text
 from iepm.errors import IepmError, LabError, ToolNotFound
 from iepm.results import Result
@@ -404,11 +405,10 @@ def demo_command(
             lab_name=lab_name,
             topology=topology,
         )
-    except (IepmError, ValueError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        raise typer.Exit(2) from None
+    except ValueError as exc:  # --listen; iepm's own errors take the table's code (guarded)
+        raise fail(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:
     """Add ``iepm demo`` to the ``iepm`` command."""
-    app.command("demo")(demo_command)
+    app.command("demo")(guarded(demo_command))
