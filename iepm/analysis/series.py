@@ -33,9 +33,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Unpack
 
 from iepm import utf8
 from iepm.errors import AnalysisError
@@ -305,30 +307,24 @@ def _csv_rows(
         yield (consumed[start] if start < len(consumed) else header_line), row
 
 
-def read_series(
-    path: str | Path,
-    *,
-    min_rows: int = 2,
-    allow_all_zero: bool = False,
-    check_order: bool = True,
-    column: str | None = None,
-    prefer: Sequence[str] = (),
-) -> Series:
+class ReadOptions(TypedDict, total=False):
+    """:func:`parse_series`'s keyword options, which :func:`read_series` passes on."""
+
+    min_rows: int
+    allow_all_zero: bool
+    check_order: bool
+    column: str | None
+    prefer: Sequence[str]
+
+
+def read_series(path: str | Path, **options: Unpack[ReadOptions]) -> Series:
     """Read a series file; raises :class:`AnalysisError` (never another exception) on bad input."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as exc:
         raise AnalysisError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    return parse_series(
-        utf8.decode(data, str(p), AnalysisError),
-        str(p),
-        min_rows=min_rows,
-        allow_all_zero=allow_all_zero,
-        check_order=check_order,
-        column=column,
-        prefer=prefer,
-    )
+    return parse_series(utf8.decode(data, str(p), AnalysisError), str(p), **options)
 
 
 def _is_number(text: str) -> bool:

@@ -62,14 +62,20 @@ LOADERS: dict[str, Callable[[Path], object]] = {
 }
 
 
+def broken(tmp_path: Path, case: str) -> tuple[Path, str]:
+    """A broken file of ``case`` and the message expected after its name."""
+    data, expected = BROKEN[case]
+    path = tmp_path / "broken.toml"
+    path.write_bytes(data)
+    return path, expected
+
+
 @pytest.mark.parametrize("loader", LOADERS)
 @pytest.mark.parametrize("case", BROKEN)
 def test_every_loader_reports_broken_bytes_in_one_line(
     tmp_path: Path, loader: str, case: str
 ) -> None:
-    data, expected = BROKEN[case]
-    path = tmp_path / "broken.toml"
-    path.write_bytes(data)
+    path, expected = broken(tmp_path, case)
     with pytest.raises(ConfigError) as err:
         LOADERS[loader](path)
     message = str(err.value)
@@ -98,9 +104,7 @@ COMMANDS = {
 def test_every_command_that_loads_a_file_fails_in_one_line(
     tmp_path: Path, command: str, case: str
 ) -> None:
-    data, expected = BROKEN[case]
-    path = tmp_path / "broken.toml"
-    path.write_bytes(data)
+    path, expected = broken(tmp_path, case)
     argv = [str(path) if a == "{}" else a for a in COMMANDS[command]]
     result = runner.invoke(app, argv)
     assert result.exit_code == ExitCode.USAGE, result.output
