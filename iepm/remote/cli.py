@@ -123,6 +123,7 @@ def target_add(
     targets.toml entry (appended to --config after validation)."""
     import socket
 
+    from iepm import tomlload
     from iepm.config import TargetConfig, load_config_text
 
     lines = ["", "[[targets]]", f"name = {_toml_str(name)}", f"address = {_toml_str(address)}"]
@@ -184,7 +185,7 @@ def target_add(
             steps.append(f"Nothing to install: run `iperf3 -s` on {address} (port 5201).")
         stanza = "\n".join(lines) + "\n"
         if config is not None:
-            text = config.read_text(encoding="utf-8") if config.exists() else ""
+            text = tomlload.read_text(config) if config.exists() else ""
             load_config_text(text + stanza, config)  # refuse to write a file that won't load
             with config.open("a", encoding="utf-8") as f:
                 f.write(stanza)

@@ -336,3 +336,11 @@ def test_config_loading_never_tracebacks_on_toml_like_text(text: str) -> None:
         load_config_text(text)
     except ConfigError as exc:
         assert str(exc).startswith("<config>")
+
+
+def test_target_add_names_the_bad_byte_of_the_config_it_appends_to(tmp_path: Path) -> None:
+    path, expected = broken(tmp_path, "latin-1")
+    result = runner.invoke(app, ["target", "add", "x", "198.18.0.5", "--config", str(path)])
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stderr == f"error: {path}:{expected}\n"
+    assert path.read_bytes() == BROKEN["latin-1"][0]  # nothing appended
