@@ -344,3 +344,22 @@ def test_target_add_names_the_bad_byte_of_the_config_it_appends_to(tmp_path: Pat
     assert result.exit_code == ExitCode.USAGE
     assert result.stderr == f"error: {path}:{expected}\n"
     assert path.read_bytes() == BROKEN["latin-1"][0]  # nothing appended
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60), st.binary(min_size=1, max_size=3), st.text(max_size=20))
+def test_the_bad_byte_is_named_where_it_is(before: str, bad: bytes, after: str) -> None:
+    data = before.encode() + bad + after.encode()
+    try:
+        expected = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        assert exc.start >= len(before.encode())  # the bytes before it are valid UTF-8
+        head = data[: exc.start]
+        line, column = head.count(b"\n") + 1, len(head.split(b"\n")[-1]) + 1
+        with pytest.raises(ConfigError) as err:
+            tomlload.utf8.decode(data, "f", ConfigError)
+        assert str(err.value) == (
+            f"f:{line}: not UTF-8 (byte 0x{data[exc.start]:02x} at column {column})"
+        )
+    else:
+        assert tomlload.utf8.decode(data, "f", ConfigError) == expected.removeprefix("\ufeff")
