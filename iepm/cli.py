@@ -8,7 +8,6 @@ import inspect
 import json
 import logging
 import sys
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from types import UnionType
@@ -22,15 +21,16 @@ from rich.live import Live
 from typer.core import TyperGroup
 
 from iepm import __version__
+from iepm.cliglue import GuardedTyper, archive_url, fail, open_archive, parse_moment
 from iepm.config import Config, load_config
-from iepm.errors import IepmError
+from iepm.errors import IepmError, exit_code
 from iepm.probes import PROBES, get_probe
 from iepm.probes.base import Probe, ProbeContext, ProbeSpec, result_from_raw
 from iepm.rawlog import RawLog
 from iepm.results import Result
 from iepm.runner import RawRun
 
-app = typer.Typer(
+app = GuardedTyper(
     help="iepm: end-to-end network and application performance monitoring.",
     no_args_is_help=True,
     add_completion=False,
@@ -48,7 +48,7 @@ class _ProbeCommands(TyperGroup):
         return _probe_command(PROBES[cmd_name]) if cmd_name in PROBES else None
 
 
-probe_app = typer.Typer(
+probe_app = GuardedTyper(
     cls=_ProbeCommands, help="Run one measurement now and print the result.", no_args_is_help=True
 )
 app.add_typer(probe_app, name="probe")
@@ -80,12 +80,6 @@ class OutputFormat(StrEnum):
     tsv = "tsv"
     csv = "csv"
     json = "json"
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    # Plain text, never wrapped: error lines are read by people and by grep alike.
-    sys.stderr.write(f"error: {message}\n")
-    return typer.Exit(code)
 
 
 def _resolve_target(target: str, config_path: Path | None) -> tuple[str, str, Config | None]:
@@ -141,7 +135,7 @@ def _run_probe(
             with Archive.open(store) as archive:
                 archive.add(result)
     except IepmError as exc:
-        raise fail(str(exc)) from None
+        raise fail(str(exc), exit_code(exc)) from None
     except ValueError as exc:  # pydantic ValidationError is a ValueError
         raise fail(f"invalid {probe} option: {exc}") from None
     _print_result(result, as_json)
@@ -258,10 +252,12 @@ def parse_cmd(
     except KeyError as exc:
         raise fail(str(exc.args[0])) from None
     try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
+        data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
     except OSError as exc:
         raise fail(f"{file}: cannot read: {exc.strerror}") from None
-    raw = RawRun(argv=(module.TOOL,), stdout=text)
+    # Decoded as the runner decodes a live run's output, so that parse and extract agree:
+    # a byte that is not UTF-8 becomes U+FFFD and the parser decides what it can read.
+    raw = RawRun(argv=(module.TOOL,), stdout=data.decode("utf-8", errors="replace"))
     spec = module.Spec()
     ctx = ProbeContext(target=str(file), address="")
     result = result_from_raw(module, spec, ctx, raw, None)
@@ -275,10 +271,7 @@ def parse_cmd(
 @app.command("validate")
 def validate_cmd(config: Annotated[Path, typer.Argument(help="targets.toml to check.")]) -> None:
     """Check a targets.toml; errors name the file, line and field."""
-    try:
-        loaded = load_config(config)
-    except IepmError as exc:
-        raise fail(str(exc)) from None
+    loaded = load_config(config)
     console.print(
         f"{config}: ok — monitor {loaded.monitor.name}, {len(loaded.targets)} targets, "
         f"cycle every {loaded.monitor.cycle_interval_s:g} s"
@@ -305,7 +298,7 @@ def run_cmd(
         # stopped) measures and spools, and the schema is checked once the archive answers.
         archive = Archive.connect(loaded.monitor.archive)
     except IepmError as exc:
-        raise fail(str(exc)) from None
+        raise fail(str(exc), exit_code(exc)) from None
     count = 1 if once else cycles
     table = LiveTable(f"iepm {loaded.monitor.name}: latest results")
     show_live = live and console.is_terminal
@@ -348,27 +341,6 @@ def _line(result: Result) -> str:
     return summary(result) if result.data else (result.error or "")
 
 
-def _parse_date(value: str | None, option: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise fail(f"{option}: not an ISO date or time: {value!r} (e.g. 2026-11-01)") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def _archive_url(db: str | None, config: Path | None) -> str:
-    if db:
-        return db
-    if config:
-        try:
-            return load_config(config).monitor.archive
-        except IepmError as exc:
-            raise fail(str(exc)) from None
-    raise fail("give --db URL or --config FILE to say which archive to read")
-
-
 @app.command("export")
 def export_cmd(
     probe: Annotated[str, typer.Option("--probe", help="Which probe's table.")],
@@ -386,41 +358,22 @@ def export_cmd(
 ) -> None:
     """Write a probe's results as a table: TSV with documented columns, CSV, or JSON lines."""
     from iepm.export import export
-    from iepm.store import Archive
 
     try:
         module = get_probe(probe)
     except KeyError as exc:
         raise fail(str(exc.args[0])) from None
-    url = _archive_url(db, config)
-    start, end = _parse_date(since, "--since"), _parse_date(until, "--until")
-    try:
-        with Archive.open(url) as archive:
-            if output is None:
-                export(
-                    archive,
-                    probe,
-                    module.COLUMNS,
-                    fmt.value,
-                    sys.stdout,
-                    target=target,
-                    since=start,
-                    until=end,
-                )
-            else:
-                with output.open("w", encoding="utf-8", newline="") as out:
-                    export(
-                        archive,
-                        probe,
-                        module.COLUMNS,
-                        fmt.value,
-                        out,
-                        target=target,
-                        since=start,
-                        until=end,
-                    )
-    except IepmError as exc:
-        raise fail(str(exc)) from None
+    selection: dict[str, Any] = {
+        "target": target,
+        "since": parse_moment(since, "--since"),
+        "until": parse_moment(until, "--until"),
+    }
+    with open_archive(db, config, reading=True) as archive:
+        if output is None:
+            export(archive, probe, module.COLUMNS, fmt.value, sys.stdout, **selection)
+        else:
+            with output.open("w", encoding="utf-8", newline="") as out:
+                export(archive, probe, module.COLUMNS, fmt.value, out, **selection)
 
 
 @app.command("extract")
@@ -431,10 +384,7 @@ def extract_cmd(
     """Re-parse every raw log with today's parsers and update the archive's results."""
     from iepm.extract import extract
 
-    try:
-        counts = extract(RawLog(log_dir), db)
-    except IepmError as exc:
-        raise fail(str(exc)) from None
+    counts = extract(RawLog(log_dir), archive_url(db, None))
     console.print(
         f"re-extracted {counts['runs']} runs: {counts['updated']} updated, "
         f"{counts['added']} added, {counts['failed']} failed to parse"

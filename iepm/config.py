@@ -10,9 +10,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-import tomllib
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,17 +25,28 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from iepm import tomlload
+from iepm.dburl import archive_url_problem
 from iepm.errors import ConfigError
 from iepm.probes import PROBES, default_probes
 from iepm.probes.base import ProbeSpec
 from iepm.remote.access import AgentAccess, SshAccess
-from iepm.tomlpos import format_loc, line_of
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def _known_probes() -> str:
     return ", ".join(sorted(PROBES))
+
+
+def simple_name(value: str, what: str) -> str:
+    """``value`` if it is a name safe in paths, logs and URLs (NAME_RE), else a ValueError."""
+    if not NAME_RE.match(value):
+        raise ValueError(
+            f"{what} names are 1-64 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit"
+        )
+    return value
 
 
 class StrictModel(BaseModel):
@@ -65,6 +75,20 @@ class MonitorConfig(StrictModel):
     adaptive_min_factor: int = Field(default=1, ge=1, le=100)
     adaptive_max_factor: int = Field(default=4, ge=1, le=100)
     adaptive_narrow_percent: float = Field(default=20.0, gt=0.0, le=1000.0)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, value: str) -> str:
+        # Written into results, raw-log paths and agent requests: no line break, '/' or '..'.
+        return simple_name(value, "monitor")
+
+    @field_validator("archive")
+    @classmethod
+    def _archive_can_work(cls, value: str) -> str:
+        problem = archive_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _adaptive_bounds(self) -> MonitorConfig:
@@ -225,60 +249,34 @@ class Config(StrictModel):
         return spec
 
 
-def _describe(error: dict[str, Any]) -> str:
-    message = str(error["msg"])
-    if error.get("type") not in ("missing", "extra_forbidden") and "input" in error:
-        given = error["input"]
-        if not isinstance(given, dict | list):
-            message += f" (got {given!r})"
-    if error.get("type") == "extra_forbidden":
-        message = "unknown field (check the spelling; see the README for the fields)"
-    return message
-
-
-Problem = tuple[tuple[str | int, ...], str]
-
-
-def _raise_for(path: Path | None, text: str, errors: list[Problem]) -> NoReturn:
-    where = str(path) if path else "<config>"
-    lines = []
-    for loc, message in errors:
-        line = line_of(text, loc) if text else None
-        prefix = f"{where}:{line}" if line else where
-        lines.append(f"{prefix}: {format_loc(loc) or '(top level)'}: {message}")
-    raise ConfigError("\n".join(lines))
-
-
 def load_config_text(text: str, path: Path | None = None) -> Config:
-    where = str(path) if path else "<config>"
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-    try:
-        config = Config.model_validate(raw)
-    except ValidationError as exc:
-        _raise_for(path, text, [(tuple(e["loc"]), _describe(dict(e))) for e in exc.errors()])
-    errors: list[Problem] = []
+    """A config from its text (``path`` names it in errors)."""
+    return _validated(tomlload.parse(text, str(path) if path else "<config>"))
+
+
+def load_config(path: str | Path) -> Config:
+    """Read, decode, parse and validate a ``targets.toml``; every error names file:line: field."""
+    return _validated(tomlload.load(path))
+
+
+def _validated(doc: tomlload.TomlText) -> Config:
+    config = tomlload.validate(Config, doc)
+    errors: list[tomlload.Problem] = []
     for name, values in config.defaults.items():
         try:
             PROBES[name].Spec.model_validate(values)
         except ValidationError as exc:
-            errors += [(("defaults", name, *e["loc"]), _describe(dict(e))) for e in exc.errors()]
+            errors += tomlload.problems(exc, ("defaults", name))
     for index, target in enumerate(config.targets):
         for probe in PROBES:
             try:
                 spec = config.spec_for(target, probe)
             except ValidationError as exc:
-                for e in exc.errors():
-                    field = e["loc"][0] if e["loc"] else None
+                for loc, message in tomlload.problems(exc):
+                    field = loc[0] if loc else None
                     own = field in target.params(probe) or field is None
-                    loc = (
-                        ("targets", index, probe, *e["loc"])
-                        if own
-                        else ("defaults", probe, *e["loc"])
-                    )
-                    errors.append((loc, _describe(dict(e))))
+                    base = ("targets", index, probe) if own else ("defaults", probe)
+                    errors.append(((*base, *loc), message))
                 continue
             # A measurement must fit in a cycle, or cycles would overlap forever.
             if probe in target.probes and spec.deadline_s() >= config.monitor.cycle_interval_s:
@@ -290,14 +288,5 @@ def load_config_text(text: str, path: Path | None = None) -> Config:
                     )
                 )
     if errors:
-        _raise_for(path, text, errors)
+        raise tomlload.config_error(doc.where, doc.text, errors)
     return config
-
-
-def load_config(path: str | Path) -> Config:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return load_config_text(text, path)

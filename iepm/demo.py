@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from iepm import tomlload
+from iepm.cliglue import fail, guarded
 from iepm.config import Config, load_config_text
 from iepm.console import summary
 from iepm.errors import IepmError, LabError
@@ -176,10 +177,8 @@ class Demo:
     ) -> Demo:
         from iepm.lab import Lab
 
-        if isinstance(topology, str | Path):
-            raw = tomllib.loads(Path(topology).read_text(encoding="utf-8"))
-        else:
-            raw = topology
+        # A file: bad bytes or nesting become a one-line ConfigError, as for `iepm lab up`.
+        raw = tomlload.load(topology).data if isinstance(topology, str | Path) else topology
         stack = contextlib.ExitStack()
         try:
             say(f"iepm demo: bringing up lab {lab_name or raw['lab']['name']} ...")
@@ -386,11 +385,10 @@ def demo_command(
             lab_name=lab_name,
             topology=topology,
         )
-    except (IepmError, ValueError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        raise typer.Exit(2) from None
+    except ValueError as exc:  # --listen; iepm's own errors take the table's code (guarded)
+        raise fail(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:
     """Add ``iepm demo`` to the ``iepm`` command."""
-    app.command("demo")(demo_command)
+    app.command("demo")(guarded(demo_command))

@@ -1,7 +1,8 @@
 """``iepm forecast``, ``iepm changes``, ``iepm diurnal``: the analyses on any series file;
 ``iepm alerts``: the step-change alerts the monitor stored.
 
-The main CLI mounts them with :func:`register`. Errors print one line to stderr and exit 2.
+The main CLI mounts them with :func:`register`. Errors print one line to stderr and exit with
+the code of :class:`iepm.errors.ExitCode` (2 for a bad file or option).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from iepm.analysis.methods import METHODS, START
-from iepm.errors import AnalysisError, IepmError
+from iepm.cliglue import guarded, open_archive, parse_moment
+from iepm.errors import AnalysisError
 
 if TYPE_CHECKING:
     from iepm.analysis.series import Series
@@ -32,23 +33,33 @@ CsvOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ColumnOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--column",
+        help="Value column of a file with a header, e.g. an `iepm export --format csv` table "
+        "(default there: the metric the monitor watches, such as throughput_bps or rtt_avg_ms).",
+    ),
+]
 
 T = TypeVar("T")
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 def _guard(work: Callable[[], T]) -> T:
-    """Run ``work``; a bad file or option becomes a one-line message and exit code 2."""
+    """Run ``work``; numbers the analyses cannot handle are the series' fault (exit code 2)."""
     try:
         return work()
-    except IepmError as exc:
-        raise _fail(str(exc)) from None
     except (ValueError, OverflowError, MemoryError) as exc:
-        raise _fail(f"cannot analyse the series: {exc}") from None
+        raise AnalysisError(f"cannot analyse the series: {exc}") from None
+
+
+def _read(csv: Path, column: str | None, min_rows: int = 2) -> Series:
+    """The series in ``csv``; from an export table, ``column`` or the watched metric it has."""
+    from iepm.analysis.series import read_series
+    from iepm.analysis.watch import alert_rules
+
+    prefer = [rule.metric for rule in alert_rules()]
+    return read_series(csv, min_rows=min_rows, column=column, prefer=prefer)
 
 
 def _num(v: float) -> float | None:
@@ -71,15 +82,16 @@ def forecast_command(
         str, typer.Option("--method", help=f"One of: {', '.join(METHODS)} (auto: ensemble).")
     ] = "auto",
     as_json: JsonOpt = False,
+    column: ColumnOpt = None,
 ) -> None:
     """Walk-forward one-step-ahead forecasts with 80% prediction intervals."""
     from iepm.analysis.forecast import walk_forward
-    from iepm.analysis.series import iso, read_series
+    from iepm.analysis.series import iso
 
     def work() -> list[Any]:
         if method not in METHODS:
             raise AnalysisError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        s = read_series(csv, min_rows=START + 1)
+        s = _read(csv, column, min_rows=START + 1)
         return walk_forward(s.t, s.y, method)
 
     fcs = _guard(work)
@@ -110,13 +122,13 @@ def changes_command(
     online: Annotated[
         bool, typer.Option("--online", help="The alerting detector's decisions, sample by sample.")
     ] = False,
+    column: ColumnOpt = None,
 ) -> None:
     """Step changes: offline segmentation, or (--online) the alerts as they would be raised."""
     from iepm.analysis.changes import detect_online, segment
-    from iepm.analysis.series import read_series
 
     def work() -> tuple[Series, list[Any]]:
-        s = read_series(csv)
+        s = _read(csv, column)
         return s, (detect_online(s.y) if online else segment(s.y))
 
     s, cps = _guard(work)
@@ -153,13 +165,13 @@ def diurnal_command(
     site_b: Annotated[
         float, typer.Option("--site-b", help="Phase b kept for this site (simple estimate).")
     ] = math.pi / 2,
+    column: ColumnOpt = None,
 ) -> None:
     """Fit |a|·sin(x + b) + c over the time of day, weekdays and weekends apart."""
     from iepm.analysis.diurnal import fit_diurnal
-    from iepm.analysis.series import read_series
 
     def work() -> dict[str, Any]:
-        s = read_series(csv)
+        s = _read(csv, column)
         return fit_diurnal(s.t, s.y, utc_offset_hours=utc_offset, site_b=site_b)
 
     fits = _guard(work)
@@ -168,17 +180,6 @@ def diurnal_command(
         return
     keys = ["n", "a", "b", "c", "delta_b", "diurnal", "peak_hour", "rmse", "simple_rmse"]
     _tsv(["days", *keys], [[k, *(getattr(v, key) for key in keys)] for k, v in fits.items()])
-
-
-def _moment(value: str | None, option: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        msg = f"{option}: not an ISO date or time: {value!r} (e.g. 2026-11-01)"
-        raise AnalysisError(msg) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def alerts_command(
@@ -195,21 +196,10 @@ def alerts_command(
     """Step-change alerts stored by the monitor, oldest first, with their likely cause."""
     from iepm.analysis.alerts import load_alerts
     from iepm.analysis.series import iso
-    from iepm.config import load_config
-    from iepm.store import Archive
 
-    def work() -> list[Any]:
-        start = _moment(since, "--since")
-        if db:
-            url = db
-        elif config:
-            url = load_config(config).monitor.archive
-        else:
-            raise AnalysisError("give --db URL or --config FILE to say which archive to read")
-        with Archive.open(url) as archive:
-            return load_alerts(archive, target=target, since=start)
-
-    alerts = _guard(work)
+    start = parse_moment(since, "--since")
+    with open_archive(db, config, reading=True) as archive:
+        alerts = load_alerts(archive, target=target, since=start)
     if as_json:
         rows = [
             {
@@ -246,7 +236,7 @@ def alerts_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``forecast``, ``changes``, ``diurnal`` and ``alerts`` to ``app``."""
-    app.command("forecast")(forecast_command)
-    app.command("changes")(changes_command)
-    app.command("diurnal")(diurnal_command)
-    app.command("alerts")(alerts_command)
+    app.command("forecast")(guarded(forecast_command))
+    app.command("changes")(guarded(changes_command))
+    app.command("diurnal")(guarded(diurnal_command))
+    app.command("alerts")(guarded(alerts_command))

@@ -2,42 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import typer
 
-from iepm.errors import ConfigError, IepmError, LabError
+from iepm.cliglue import GuardedTyper
+from iepm.errors import ConfigError, LabError
 from iepm.lab.lab import Lab, down, running_labs
 
-lab_app = typer.Typer(
+lab_app = GuardedTyper(
     help="WAN lab: research sites in network namespaces joined by emulated WAN links (root).",
     no_args_is_help=True,
 )
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _errors(func: Callable[P, R]) -> Callable[P, R]:
-    """Print iepm errors as one clear message; exit 2 for bad input, 1 for lab failures."""
-
-    @functools.wraps(func)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return func(*args, **kwargs)
-        except ConfigError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-        except IepmError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
-
-    return wrapper
 
 
 def _only_lab(name: str | None) -> str:
@@ -67,7 +46,6 @@ def _summary(lab: Lab) -> str:
 
 
 @lab_app.command()
-@_errors
 def up(
     file: Path = typer.Argument(..., help="Topology TOML (see examples/lab/)."),
     name: str | None = typer.Option(None, "--name", help="Override [lab] name."),
@@ -78,7 +56,6 @@ def up(
 
 
 @lab_app.command("down")
-@_errors
 def down_cmd(
     name: str | None = typer.Argument(None, help="Lab name (default: the only lab up)."),
 ) -> None:
@@ -91,7 +68,6 @@ def down_cmd(
 
 
 @lab_app.command()
-@_errors
 def status(
     name: str | None = typer.Argument(None, help="Lab name (default: all labs up)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -127,7 +103,6 @@ def status(
 @lab_app.command(
     "exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
 )
-@_errors
 def exec_cmd(
     node: str = typer.Argument(..., help="Node to run in."),
     command: list[str] = typer.Argument(..., help="Command and arguments (after --)."),
@@ -150,7 +125,6 @@ def _parse_value(key: str, raw: str) -> Any:
 
 
 @lab_app.command()
-@_errors
 def event(
     name: str = typer.Argument(..., help="Lab name."),
     action: str = typer.Argument(..., help="route, link, or the name of an [[events]] entry."),

@@ -15,17 +15,17 @@ import ipaddress
 import itertools
 import json
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
+from iepm import tomlload
 from iepm.errors import ConfigError
 from iepm.lab.delayline import Params
-from iepm.tomlpos import format_loc, key_lines
 
 LAB_POOL = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544 benchmarking range, never routed
 # Lab names may not contain '-': namespaces are "<lab>-<node>", which must be unambiguous.
@@ -240,16 +240,7 @@ class Topology(_Model):
 # --- formatting errors -------------------------------------------------------------------------
 
 Loc = tuple[str | int, ...]
-
-
-def _format(source: str, where: Mapping[Loc, int], loc: Loc, message: str) -> str:
-    line = None
-    for end in range(len(loc), 0, -1):  # longest prefix present: key, else its table
-        if loc[:end] in where:
-            line = where[loc[:end]]
-            break
-    prefix = f"{source}:{line}" if line is not None else source
-    return f"{prefix}: {format_loc(loc) or '(top level)'}: {message}"
+HEADING = "invalid lab topology:"
 
 
 # --- semantic checks ----------------------------------------------------------------------------
@@ -345,38 +336,26 @@ def event_problems(
     return []
 
 
+def _describe(error: ErrorDetails) -> str:
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
 def validate(
     data: Mapping[str, Any], source: str = "<topology>", text: str | None = None
 ) -> Topology:
     """Build a Topology from parsed TOML/dict data or raise ConfigError naming file:line: field."""
-    where = key_lines(text) if text is not None else {}
-    try:
-        topo = Topology.model_validate(data)
-    except ValidationError as exc:
-        lines = [
-            _format(source, where, tuple(err["loc"]), err["msg"].removeprefix("Value error, "))
-            for err in exc.errors()
-        ]
-        raise ConfigError("invalid lab topology:\n" + "\n".join(lines)) from None
+    doc = tomlload.TomlText(source, text or "", dict(data))
+    topo = tomlload.validate(Topology, doc, describe=_describe, heading=HEADING)
     problems = semantic_problems(topo)
     if problems:
-        lines = [_format(source, where, loc, msg) for loc, msg in problems]
-        raise ConfigError("invalid lab topology:\n" + "\n".join(lines))
+        raise tomlload.config_error(source, text, problems, HEADING)
     return topo
 
 
 def load_topology(path: str | Path) -> Topology:
-    """Read and validate a topology TOML file."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return validate(data, str(path), text)
+    """Read, decode, parse and validate a topology TOML file."""
+    doc = tomlload.load(path)
+    return validate(doc.data, doc.where, doc.text)
 
 
 def as_topology(source: Topology | Mapping[str, Any] | str | Path) -> Topology:

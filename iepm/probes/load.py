@@ -282,11 +282,14 @@ def _float(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+# A kernel integer fits in 64 bits: a sign and at most 20 ASCII digits. Anything else in a
+# /proc or /sys file is not one (int() would also take '1_0', '+5' or Arabic-Indic digits, and
+# raise instead of returning on more than 4,300 digits).
+_KERNEL_INT = re.compile(r"-?[0-9]{1,20}")
+
+
 def _int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
+    return int(text) if _KERNEL_INT.fullmatch(text) else None
 
 
 def _three_ints(text: str | None) -> list[int] | None:
@@ -298,7 +301,7 @@ def _three_ints(text: str | None) -> list[int] | None:
 
 
 def _meminfo_bytes(text: str, key: str) -> int | None:
-    match = re.search(rf"^{key}:\s*(\d+)\s*kB", text, re.MULTILINE)
+    match = re.search(rf"^{key}:\s*([0-9]{{1,20}})\s*kB", text, re.MULTILINE)
     return int(match.group(1)) * 1024 if match else None
 
 

@@ -12,27 +12,16 @@ from typing import Annotated, Any
 
 import typer
 
-from iepm.errors import ConfigError, IepmError
+from iepm.cliglue import GuardedTyper, explain, fail, parse_listen
+from iepm.errors import ConfigError, ExitCode, IepmError, exit_code
 
-agent_app = typer.Typer(
+agent_app = GuardedTyper(
     help="The target-host responder: `iepm agent --listen ADDR:PORT --config agent.toml`.",
     invoke_without_command=True,
 )
-target_app = typer.Typer(
+target_app = GuardedTyper(
     help="Enrol and check targets (agent, SSH or plain).", no_args_is_help=True
 )
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    sys.stderr.write(f"error: {message}\n")
-    return typer.Exit(code)
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"--listen: expected ADDR:PORT such as 198.18.0.10:8700, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port_text)
 
 
 @agent_app.callback()
@@ -48,15 +37,15 @@ def agent(
     if ctx.invoked_subcommand is not None:
         return
     if listen is None or config is None:
-        raise _fail("iepm agent needs --listen ADDR:PORT and --config agent.toml")
+        raise fail("iepm agent needs --listen ADDR:PORT and --config agent.toml")
     from iepm.remote.agent import serve
     from iepm.remote.trust import load_agent_config
 
     try:
-        host, port = parse_listen(listen)
-        settings = load_agent_config(config)
-    except (ValueError, IepmError) as exc:
-        raise _fail(str(exc)) from None
+        host, port = parse_listen(listen, "198.18.0.10:8700")
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    settings = load_agent_config(config)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
@@ -85,10 +74,7 @@ def agent_check(config: Annotated[Path, typer.Argument(help="agent.toml")]) -> N
     """Validate agent.toml (errors name file, line and field)."""
     from iepm.remote.trust import load_agent_config
 
-    try:
-        settings = load_agent_config(config)
-    except IepmError as exc:
-        raise _fail(str(exc)) from None
+    settings = load_agent_config(config)
     names = ", ".join(m.name for m in settings.monitors) or "none"
     sys.stdout.write(f"{config}: ok ({len(settings.monitors)} monitors: {names})\n")
 
@@ -137,6 +123,7 @@ def target_add(
     targets.toml entry (appended to --config after validation)."""
     import socket
 
+    from iepm import tomlload
     from iepm.config import TargetConfig, load_config_text
 
     lines = ["", "[[targets]]", f"name = {_toml_str(name)}", f"address = {_toml_str(address)}"]
@@ -198,7 +185,7 @@ def target_add(
             steps.append(f"Nothing to install: run `iperf3 -s` on {address} (port 5201).")
         stanza = "\n".join(lines) + "\n"
         if config is not None:
-            text = config.read_text(encoding="utf-8") if config.exists() else ""
+            text = tomlload.read_text(config) if config.exists() else ""
             load_config_text(text + stanza, config)  # refuse to write a file that won't load
             with config.open("a", encoding="utf-8") as f:
                 f.write(stanza)
@@ -206,7 +193,8 @@ def target_add(
         else:
             steps.append("Add to targets.toml:\n" + stanza)
     except (IepmError, ValueError, OSError) as exc:
-        raise _fail(str(exc)) from None
+        message, code = explain(exc) or (str(exc), ExitCode.USAGE)
+        raise fail(message, code) from None
     sys.stdout.write("\n\n".join(steps) + "\n")
 
 
@@ -270,7 +258,7 @@ def target_check(
                 **asyncio.run(check_target(remote, target.address, netns)),
             }
     except IepmError as exc:
-        raise _fail(str(exc), 1) from None
+        raise fail(str(exc), exit_code(exc)) from None
     sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
 
 

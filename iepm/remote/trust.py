@@ -14,15 +14,14 @@ import hmac
 import json
 import re
 import secrets
-import tomllib
 from pathlib import Path
-from typing import Any, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
+from iepm import tomlload
 from iepm.errors import ConfigError
 from iepm.remote.servers import IPERF3, KINDS
-from iepm.tomlpos import format_loc, line_of
 from iepm.units import size_bytes
 
 MONITOR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -214,47 +213,25 @@ def read_token(path: str | Path) -> str:
     return token
 
 
-def _describe(error: dict[str, Any]) -> str:
-    message = str(error["msg"])
-    if error.get("type") == "extra_forbidden":
-        return "unknown field (check the spelling; see examples/agent.toml)"
-    given = error.get("input")
-    if error.get("type") != "missing" and not isinstance(given, dict | list) and given is not None:
-        # Never echo a token-looking value back.
-        shown = "…" if isinstance(given, str) and given.startswith(TOKEN_PREFIX) else repr(given)
-        message += f" (got {shown})"
-    return message
+def _shown(value: object) -> str:
+    # Never echo a token-looking value back.
+    if isinstance(value, str) and value.startswith(TOKEN_PREFIX):
+        return "…"
+    return tomlload.shown(value)
 
 
-def _raise_for(where: str, text: str, exc: ValidationError) -> NoReturn:
-    lines = []
-    for error in exc.errors():
-        loc = tuple(error["loc"])
-        line = line_of(text, loc)
-        prefix = f"{where}:{line}" if line else where
-        lines.append(f"{prefix}: {format_loc(loc) or '(top level)'}: {_describe(dict(error))}")
-    raise ConfigError("\n".join(lines))
+def _describe(error: ErrorDetails) -> str:
+    return tomlload.describe(error, unknown="see examples/agent.toml", shown=_shown)
 
 
 def load_agent_config_text(text: str, path: Path | None = None) -> AgentConfig:
-    where = str(path) if path else "<agent config>"
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-    try:
-        return AgentConfig.model_validate(raw)
-    except ValidationError as exc:
-        _raise_for(where, text, exc)
+    doc = tomlload.parse(text, str(path) if path else "<agent config>")
+    return tomlload.validate(AgentConfig, doc, describe=_describe)
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return load_agent_config_text(text, path)
+    """Read, decode, parse and validate an ``agent.toml``; errors name file:line: field."""
+    return tomlload.validate(AgentConfig, tomlload.load(path), describe=_describe)
 
 
 def monitor_stanza(name: str, digest: str, limits: Limits | None = None) -> str:

@@ -1,8 +1,9 @@
 """``iepm tune`` and ``iepm study …``: run the tuning studies and read them back.
 
 TARGET is a target's name with ``--config`` (its address, port, monitor name, namespace and
-archive come from the file) or an address with ``--db``. Errors print one line and exit 2; a
-study interrupted with Ctrl-C is kept, marked partial, and the command exits 130.
+archive come from the file) or an address with ``--db``. Errors print one line and exit with
+the code of :class:`iepm.errors.ExitCode`; a study interrupted with Ctrl-C is kept, marked
+partial, and the command exits 130.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from iepm.errors import IepmError
+from iepm import cliglue
+from iepm.cliglue import GuardedTyper, archive_url, explain, fail, parse_moment
+from iepm.errors import ExitCode
 from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.rawlog import RawLog
 
 console = Console()
-study_app = typer.Typer(help="Tuning studies: duration, impact, early stop, Mathis, CPU cost.")
+study_app = GuardedTyper(help="Tuning studies: duration, impact, early stop, Mathis, CPU cost.")
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="targets.toml: TARGET is a target's name.")
@@ -55,11 +58,6 @@ PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the plot to 
 T = TypeVar("T")
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    sys.stderr.write(f"error: {message}\n")
-    return typer.Exit(code)
-
-
 @dataclass
 class Where:
     ctx: ProbeContext
@@ -80,7 +78,7 @@ def _where(
 
     address, name, base, own = target, target, iperf3.Spec(), {}
     mon, ns, log = monitor or socket.gethostname(), netns, None
-    url = db
+    url = archive_url(db, None) if db else None
     if config_path is not None:
         config = load_config(config_path)
         url = url or config.monitor.archive
@@ -94,7 +92,7 @@ def _where(
             assert isinstance(spec, iperf3.Spec)
             base, own = spec, dict(entry.params("iperf3"))
     if url is None:
-        raise _fail("give --config FILE or --db URL: studies are stored in an archive")
+        raise fail("give --config FILE or --db URL: studies are stored in an archive")
     if port is not None:
         base = base.model_copy(update={"port": port})
     ctx = ProbeContext(target=name, address=address, monitor=mon, raw_log=log, netns=ns)
@@ -102,19 +100,20 @@ def _where(
 
 
 def _guard(work: Callable[[], T]) -> T:
+    """Run ``work``; a ValueError from a study's arguments is bad input (exit code 2). Other
+    errors reach the command's guard (iepm.cliglue) and exit with the table's code."""
     try:
         return work()
-    except IepmError as exc:
-        raise _fail(str(exc)) from None
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        message, code = explain(exc) or (str(exc), ExitCode.USAGE)
+        raise fail(message, code) from None
 
 
 def _csv_list(text: str, convert: Callable[[str], T], what: str) -> list[T]:
     try:
         return [convert(v) for v in text.split(",") if v.strip()]
     except ValueError as exc:
-        raise _fail(f"{what}: {exc}") from None
+        raise fail(f"{what}: {exc}") from None
 
 
 @contextmanager
@@ -217,7 +216,7 @@ def tune_command(
             console.print("no target needs tuning now")
             return
     elif target is None:
-        raise _fail("give TARGET, or --due with --config")
+        raise fail("give TARGET, or --due with --config")
     else:
         targets = [target]
     for name in targets:
@@ -260,7 +259,7 @@ def _due_targets(config: Path | None, period_days: float) -> list[str]:
     from iepm.tuning.retune import retune_reasons
 
     if config is None:
-        raise _fail("--due needs --config")
+        raise fail("--due needs --config")
     loaded = _guard(lambda: load_config(config))
     due = []
     with open_archive(loaded.monitor.archive) as archive:
@@ -518,8 +517,9 @@ def mathis_command(
     """Throughput predicted from ping RTT and loss (Mathis et al.) next to the measured one."""
     from iepm.tuning.mathis import path_table
 
+    start = _since(since)
     with _archive(config, db) as archive:
-        rows = _guard(lambda: path_table(archive, since=_since(since), target=target, c=c, mss=mss))
+        rows = _guard(lambda: path_table(archive, since=start, target=target, c=c, mss=mss))
     cols = [
         "monitor", "target", "pings", "rtt_ms", "loss_percent", "congestion", "iperf3_runs",
         "streams_median",
@@ -538,8 +538,9 @@ def cpu_command(
     """CPU cost of throughput (MHz per Mbit/s) per host and per kernel, from iperf3 results."""
     from iepm.tuning.cpu import summary
 
+    start = _since(since)
     with _archive(config, db) as archive:
-        s = _guard(lambda: summary(archive, since=_since(since)))
+        s = _guard(lambda: summary(archive, since=start))
     if fmt == "json":
         sys.stdout.write(json.dumps(s, indent=1) + "\n")
         return
@@ -605,7 +606,7 @@ def show_command(
     with _archive(config, db) as archive:
         study = _guard(lambda: load_study(archive, study_id))
     if study is None:
-        raise _fail(f"no study (or more than one) with id {study_id!r}; see `iepm study list`")
+        raise fail(f"no study (or more than one) with id {study_id!r}; see `iepm study list`")
     if study.kind == "sweep" and fmt == "table":
         _show_sweep(study, False, plot)
         return
@@ -623,26 +624,13 @@ def show_command(
 
 @contextmanager
 def _archive(config: Path | None, db: str | None) -> Iterator[Archive]:
-    from iepm.config import load_config
-
-    url = db or (_guard(lambda: load_config(config)).monitor.archive if config else None)
-    if url is None:
-        raise _fail("give --db URL or --config FILE to say which archive to read")
-    archive = _guard(lambda: open_archive(url))
-    with archive:
+    """The archive a reading command (list, show, mathis, cpu) reads; never created."""
+    with _guard(lambda: cliglue.open_archive(db, config, reading=True)) as archive:
         yield archive
 
 
 def _since(value: str | None) -> Any:
-    if value is None:
-        return None
-    from datetime import UTC, datetime
-
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise _fail(f"--since: not an ISO date or time: {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return parse_moment(value, "--since")
 
 
 def _cell(v: Any) -> str:
@@ -674,9 +662,9 @@ def _emit(rows: list[dict[str, Any]], cols: list[str], fmt: str, title: str) -> 
             table.add_row(*(_cell(row.get(k)) for k in cols))
         console.print(table)
     else:
-        raise _fail(f"--format must be table, tsv, csv or json, not {fmt!r}")
+        raise fail(f"--format must be table, tsv, csv or json, not {fmt!r}")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tune")(tune_command)
+    app.command("tune")(cliglue.guarded(tune_command))
     app.add_typer(study_app, name="study")

@@ -1,5 +1,7 @@
 """``iepm serve``: the dashboard, REST API and /metrics (run by iepm.web.server)."""
 
+# parse_listen is imported from here by the demo and the tests.
+
 from __future__ import annotations
 
 import contextlib
@@ -9,16 +11,8 @@ from typing import Annotated
 
 import typer
 
-from iepm.errors import IepmError
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``127.0.0.1:8080``, ``[::1]:8080`` or ``:8080`` (all addresses) → (host, port)."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"--listen: expected ADDR:PORT such as 127.0.0.1:8080, got {text!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port_text)
+from iepm.cliglue import existing_archive_url, fail, guarded, parse_listen
+from iepm.errors import ExitCode
 
 
 def serve_command(
@@ -50,11 +44,11 @@ def serve_command(
 
     try:
         host, port = parse_listen(listen)
-        places = places_of(load_config(targets_toml)) if targets_toml else None
-        config = uvicorn_config(db, host, port, None, places)
-    except (IepmError, ValueError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        raise typer.Exit(2) from None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    places = places_of(load_config(targets_toml)) if targets_toml else None
+    # Serving only reads: a mistyped --db must not leave a new empty archive behind.
+    config = uvicorn_config(existing_archive_url(db, None), host, port, None, places)
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"iepm: serving {db} on http://{shown}:{port}/ (Ctrl-C stops)\n")
     if workers > 1:
@@ -77,8 +71,8 @@ def serve_command(
         try:
             sock = config.bind_socket()
         except OSError as exc:
-            sys.stderr.write(f"error: could not listen on {listen}: {exc.strerror or exc}\n")
-            raise typer.Exit(1) from None
+            message = f"could not listen on {listen}: {exc.strerror or exc}"
+            raise fail(message, ExitCode.FAILED) from None
         with contextlib.suppress(KeyboardInterrupt):
             Multiprocess(config, sockets=[sock]).run()
         return
@@ -86,10 +80,9 @@ def serve_command(
     server = uvicorn.Server(config)
     server.run()
     if not server.started:
-        sys.stderr.write(f"error: could not listen on {listen}\n")
-        raise typer.Exit(1)
+        raise fail(f"could not listen on {listen}", ExitCode.FAILED)
 
 
 def register(app: typer.Typer) -> None:
     """Add ``iepm serve`` to the ``iepm`` command."""
-    app.command("serve")(serve_command)
+    app.command("serve")(guarded(serve_command))

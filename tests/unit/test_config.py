@@ -113,7 +113,7 @@ def test_unknown_probe_is_rejected(tmp_path: Path) -> None:
 
 def test_not_toml_says_so(tmp_path: Path) -> None:
     message = error_for("[monitor\nname = 1", tmp_path)
-    assert message.startswith("targets.toml: not valid TOML:")
+    assert message.startswith("targets.toml:1: not valid TOML:")
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:

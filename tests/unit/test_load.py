@@ -93,6 +93,35 @@ def test_missing_files_give_none_not_failure() -> None:
     assert load.check(data, load.Spec()) is None
 
 
+def test_an_integer_no_kernel_writes_is_none_not_a_traceback() -> None:
+    # int() raises on more than 4,300 digits; a kernel integer has at most 20.
+    huge = "9" * 5000
+    files = {
+        load.LOADAVG: f"{huge} 0.2 0.3 1/2 3\n",
+        load.MEMINFO: f"MemTotal: {huge} kB\nMemAvailable: 1_000 kB\n",
+        load.RMEM_MAX: huge + "\n",
+        load.WMEM_MAX: "\u0661\u0662\n",  # Arabic-Indic digits: int() would take them
+        load.TCP_RMEM: f"4096 {huge} 6291456\n",
+        load.CPU_ONLINE: f"0-{huge}\n",
+        load.CPUFREQ_CUR: huge,
+        "/sys/class/net/eth0/speed": huge,
+    }
+    data = load.parse(snapshot_raw(files))
+    for key in (
+        "load_avg_1m",
+        "memory_total_bytes",
+        "memory_available_bytes",
+        "rmem_max_bytes",
+        "wmem_max_bytes",
+        "tcp_rmem_bytes",
+        "cpu_count",
+        "cpu_mhz",
+    ):
+        assert data[key] is None, key
+    assert data["nics"]["eth0"]["speed_mbps"] is None
+    assert data["load_avg_5m"] == 0.2
+
+
 def test_without_the_load_average_the_run_fails_with_the_reason() -> None:
     data = load.parse(snapshot_raw({}, {load.LOADAVG: "Permission denied"}))
     assert load.check(data, load.Spec()) == (
