@@ -306,6 +306,8 @@ class Scheduler:
                 return "archive"
             except (StoreError, ArchiveDeadline):
                 pass
+            except Exception:  # a bug in writing must not cost the result: it is spooled
+                log.exception("archive write of result %s failed", result.id)
         self.health.archive_write_failures += 1
         return self._spool_result(result)
 
@@ -331,6 +333,8 @@ class Scheduler:
                 return "archive"
             except (StoreError, ArchiveDeadline):
                 pass
+            except Exception:
+                log.exception("archive write of cycle %s failed", cycle.id)
         self.health.archive_write_failures += 1
         try:
             self.spool.append_cycle(cycle)
@@ -422,6 +426,8 @@ class Scheduler:
             log.error("archive not writable yet, records stay spooled: %s", exc)
         except OSError as exc:
             log.error("cannot read the spool %s: %s", self.spool.path, exc)
+        except Exception:  # a bug must not stop measuring; the records stay where they are
+            log.exception("writing back %s failed", self.spool.path)
         self.health.caught_up_results += written
         self._update_held_health()
         return written

@@ -125,8 +125,9 @@ class Spool:
         return [p for p in (self.flushing, self.path) if p.exists()]
 
     @staticmethod
-    def read(path: Path) -> SpoolRead:
-        found = SpoolRead()
+    def records(path: Path) -> Iterator[Result | Cycle | str]:
+        """The records of one spool file in order, streamed; a line that cannot be read comes
+        as a string "FILE:LINE: why" (and is kept aside in the ``.rejected`` file)."""
         with path.open("rb") as spool:
             for number, raw in enumerate(spool, start=1):
                 if not raw.strip():
@@ -138,18 +139,28 @@ class Spool:
                     kind = record.get("kind", "result")
                     if kind == "result":
                         body = record.get("result", record) if "kind" in record else record
-                        found.results.append(Result.model_validate(body))
+                        yield Result.model_validate(body)
                     elif kind == "cycle":
-                        found.cycles.append(_cycle_from(record["cycle"]))
+                        yield _cycle_from(record["cycle"])
                     else:
                         raise ValueError(f"unknown record kind {kind!r}")
                 except json.JSONDecodeError:
-                    found.rejected.append(f"{path}:{number}: cut short (not complete JSON)")
                     _keep_rejected(path, number, raw)
+                    yield f"{path}:{number}: cut short (not complete JSON)"
                 except (ValueError, KeyError, TypeError, ValidationError) as exc:
-                    why = _one_line(exc)
-                    found.rejected.append(f"{path}:{number}: {why}")
                     _keep_rejected(path, number, raw)
+                    yield f"{path}:{number}: {_one_line(exc)}"
+
+    @classmethod
+    def read(cls, path: Path) -> SpoolRead:
+        found = SpoolRead()
+        for record in cls.records(path):
+            if isinstance(record, Result):
+                found.results.append(record)
+            elif isinstance(record, Cycle):
+                found.cycles.append(record)
+            else:
+                found.rejected.append(record)
         return found
 
     def flush(
@@ -158,8 +169,10 @@ class Spool:
         write_cycles: Callable[[list[Cycle]], int],
     ) -> tuple[int, int, list[str]]:
         """Move every spooled record into the archive through the two writers (each "insert
-        unless there", returning how many were new). Returns (results, cycles) read and the
-        lines rejected. Raises whatever a writer raises; the records then stay spooled."""
+        unless there", returning how many were new), ``FLUSH_CHUNK`` records per call, reading
+        the file as it goes (memory stays flat after a long outage). Returns (results, cycles)
+        read and the lines rejected. Raises whatever a writer raises; the records then stay
+        spooled."""
         with self._flushing:
             return self._flush(write_results, write_cycles)
 
@@ -168,25 +181,39 @@ class Spool:
         write_results: Callable[[list[Result]], int],
         write_cycles: Callable[[list[Cycle]], int],
     ) -> tuple[int, int, list[str]]:
-        results = cycles = 0
+        n_results = n_cycles = 0
         rejected: list[str] = []
         while True:
             if not self.flushing.exists():
                 with self._appending:
                     if not self.path.exists():
-                        return results, cycles, rejected
+                        return n_results, n_cycles, rejected
                     os.replace(self.path, self.flushing)
-            read = self.read(self.flushing)
-            for line in read.rejected:
-                log.warning("spool line skipped (kept in %s): %s", self.rejected, line)
-            for chunk in _chunked(read.results):
-                write_results(chunk)
-            for chunk in _chunked(read.cycles):
-                write_cycles(chunk)
+            results: list[Result] = []
+            cycles: list[Cycle] = []
+            for record in self.records(self.flushing):
+                if isinstance(record, Result):
+                    results.append(record)
+                elif isinstance(record, Cycle):
+                    cycles.append(record)
+                else:
+                    log.warning("spool line skipped (kept in %s): %s", self.rejected, record)
+                    rejected.append(record)
+                if len(results) >= FLUSH_CHUNK:
+                    n_results += len(results)
+                    write_results(results)
+                    results = []
+                if len(cycles) >= FLUSH_CHUNK:
+                    n_cycles += len(cycles)
+                    write_cycles(cycles)
+                    cycles = []
+            if results:
+                write_results(results)
+            if cycles:
+                write_cycles(cycles)
+            n_results += len(results)
+            n_cycles += len(cycles)
             self.flushing.unlink()
-            results += len(read.results)
-            cycles += len(read.cycles)
-            rejected += read.rejected
 
     def count(self) -> tuple[int, int]:
         """(results, cycles) waiting in the spool files (a read of the files)."""
@@ -199,11 +226,6 @@ class Spool:
                     elif raw.strip():
                         results += 1
         return results, cycles
-
-
-def _chunked(items: list[Any]) -> Iterator[list[Any]]:
-    for start in range(0, len(items), FLUSH_CHUNK):
-        yield items[start : start + FLUSH_CHUNK]
 
 
 def _one_line(exc: BaseException) -> str:

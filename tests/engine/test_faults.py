@@ -307,3 +307,32 @@ def test_metrics_show_the_archive_state_and_what_waits(tmp_path: Path, archive_u
     assert "iepm_archive_up 0.0" in text
     assert "iepm_spool_pending_results 3.0" in text
     assert "iepm_raw_log_held_records 2.0" in text
+
+
+class BuggyArchive:
+    """An archive whose result writes fail with a bug (not a StoreError) until fixed."""
+
+    def __init__(self, archive: Archive) -> None:
+        self.archive = archive
+        self.broken = True
+
+    def add(self, result: Result) -> None:
+        if self.broken:
+            raise ValueError("a bug in the writer")
+        self.archive.add(result)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.archive, name)
+
+
+def test_a_bug_in_an_archive_write_spools_the_result(tmp_path: Path, archive_url: str) -> None:
+    config = config_for(archive_url, tmp_path / "raw")
+    with Archive.open(archive_url) as archive:
+        buggy = BuggyArchive(archive)
+        scheduler = Scheduler(config, buggy)  # type: ignore[arg-type]
+        first = cycle(scheduler)
+        assert scheduler.health.stored_in == {"spool": 2} and archive.count() == 0
+        buggy.broken = False
+        second = cycle(scheduler)
+        ids = {r.id for r in archive.results()}
+    assert ids == {r.id for r in first.results + second.results}

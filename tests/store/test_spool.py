@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from iepm.results import Result
 from iepm.store import Archive, Cycle
 from iepm.store.spool import Spool
 from tests.store import sample
@@ -118,3 +119,20 @@ def test_appends_are_whole_lines(workdir: Path) -> None:
     data = spool.path.read_bytes()
     assert data.endswith(b"\n") and data.count(b"\n") == 50
     assert os.stat(spool.path).st_size == len(data)
+
+
+def test_a_long_spool_is_written_back_in_bounded_chunks(
+    workdir: Path, archive: Archive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("iepm.store.spool.FLUSH_CHUNK", 3)
+    spool = Spool(workdir / "spool.jsonl")
+    for i in range(8):
+        spool.append_result(sample.ping(started_at=T0 + timedelta(minutes=i)))
+    sizes: list[int] = []
+
+    def write(chunk: list[Result]) -> int:
+        sizes.append(len(chunk))
+        return archive.add_new(chunk)
+
+    assert spool.flush(write, archive.add_cycles_new) == (8, 0, [])
+    assert sizes == [3, 3, 2] and archive.count() == 8

@@ -70,7 +70,7 @@ rate = "100M"
         assert study.partial and study.finished_at is not None
         assert "interrupted after" in study.summary["partial_reason"]
         assert 2 <= len(study.points) < 7
-        ids = {r.id for r in archive.results(probe="iperf3", target="loop")}
+        ids = {r.id for r in archive.results(probe="iperf3", target="loop", purpose="study")}
         assert {p["iperf3_result_id"] for p in study.points} <= ids
         # A partial sweep chooses nothing for the scheduler.
         assert load_tuned(archive, monitor="mon", target="loop", probe="iperf3") == {}
@@ -116,5 +116,5 @@ def test_target_dying_stops_the_sweep_as_partial(archive: Archive) -> None:
     failed = [p for p in study.points if not p["succeeded"]]
     assert len(ok) == 2 and len(failed) == 2
     assert "nothing listening" in failed[-1]["error"]
-    assert archive.count(probe="iperf3", target="loop") == 4
+    assert archive.count(probe="iperf3", target="loop", purpose="study") == 4
     assert load_tuned(archive, monitor="mon", target="loop", probe="iperf3") == {}

@@ -63,7 +63,8 @@ def test_duration_longer_on_long_path(lab_factory: LabFactory, archive: Archive)
         assert all(abs(medians[d] - medians[8]) > 0.1 * medians[8] for d in medians if d < rec)
     for server in servers:
         lab.stop(server)
-    assert archive.count(probe="iperf3") == 12
+    assert archive.count(probe="iperf3", purpose="study") == 12
+    assert archive.count(probe="iperf3") == 0  # not the paths' routine series
     assert recommended["far"] > recommended["near"], recommended
 
 
@@ -102,7 +103,7 @@ def test_impact_loaded_rtt_rises_by_queue_delay(lab_factory: LabFactory, archive
     # A 5 Mbit/s load on a 20 Mbit/s link leaves the RTT alone; the knee lies between.
     assert not light["sharp_rise"] and heavy["sharp_rise"]
     assert s["knee_throughput_bps"] == pytest.approx(light["throughput_bps"])
-    assert archive.count(probe="ping", target="tgt") == 3
+    assert archive.count(probe="ping", target="tgt", purpose="study") == 3
 
 
 def test_early_stop_saves_traffic(lab_factory: LabFactory, archive: Archive) -> None:
@@ -123,5 +124,7 @@ def test_early_stop_saves_traffic(lab_factory: LabFactory, archive: Archive) -> 
     assert abs(s["difference"]) <= 0.1, s
     assert s["traffic_share"] < 0.6, s
     # Both runs are in the archive: the early one marked interrupted, the full one ok.
-    outcomes = sorted(r.outcome.value for r in archive.results(probe="iperf3"))
+    outcomes = sorted(r.outcome.value for r in archive.results(probe="iperf3", purpose="study"))
     assert outcomes == ["failed", "ok"]
+    # ...as study results: the early one's failure is not the path's (issue 19).
+    assert archive.count(probe="iperf3") == 0

@@ -94,6 +94,7 @@ probes = ["ping", "iperf3"]
             pings_after=10,
             after_interval_s=0.1,
         )
+        routine = archive.count(target="tgt")
         study = asyncio.run(run_sweep(archive, ctx, plan))
         assert not study.partial
         s = study.summary
@@ -111,7 +112,9 @@ probes = ["ping", "iperf3"]
         assert best["throughput_bps"] == max(p["throughput_bps"] for p in points)
 
         # The recorded improvement is what the stored measurements say.
-        stored = {r.id: r for r in archive.results(probe="iperf3", target="tgt")}
+        studied = archive.results(probe="iperf3", target="tgt", purpose="study")
+        stored = {r.id: r for r in studied}
+        assert archive.count(target="tgt") == routine  # study runs stay out of routine series
         base_tp = stored[baseline["iperf3_result_id"]].data["throughput_bps"]
         chosen_tp = stored[chosen["iperf3_result_id"]].data["throughput_bps"]
         assert baseline["streams"] == 1 and baseline["window"] is None
@@ -119,7 +122,7 @@ probes = ["ping", "iperf3"]
         assert s["improvement"] > 3  # a window-limited path: the tuning matters
 
         # Pings during and after every transfer were stored as results too.
-        assert archive.count(probe="ping", target="tgt") >= 2 * len(points)
+        assert archive.count(probe="ping", target="tgt", purpose="study") >= 2 * len(points)
         assert all(len(p["rtt_after_ms"]) >= 9 for p in points)
         assert s["rtt_unloaded_median_ms"] == pytest.approx(50, abs=5)
 
