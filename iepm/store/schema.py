@@ -86,7 +86,9 @@ results = Table(
     Column("purpose", Text, nullable=False, server_default="routine"),
     Column("params", JSON, nullable=False),
     Column("data", JSON, nullable=False),
-    Index(None, "target", "probe", "started_at"),
+    # purpose before started_at: routine views ask for one purpose and a time range, and the
+    # per-path summaries (counts, latest) are then answered from the index alone.
+    Index(None, "target", "probe", "purpose", "started_at"),
     Index(None, "probe", "started_at"),
     # One raw run yields one result: re-extraction finds (and replaces) it by its token.
     Index(None, "raw_token", unique=True),

@@ -50,7 +50,10 @@ def test_open_builds_the_schema_from_an_empty_database(archive_url: str, engine:
         for index in inspector.get_indexes("results")
     }
     assert indexes == {
-        "ix_results_target_probe_started_at": (["target", "probe", "started_at"], False),
+        "ix_results_target_probe_purpose_started_at": (
+            ["target", "probe", "purpose", "started_at"],
+            False,
+        ),
         "ix_results_probe_started_at": (["probe", "started_at"], False),
         "ix_results_raw_token": (["raw_token"], True),
     }

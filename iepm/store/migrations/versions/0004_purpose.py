@@ -41,6 +41,12 @@ def upgrade() -> None:
         "results",
         sa.Column("purpose", sa.Text(), nullable=False, server_default="routine"),
     )
+    op.drop_index("ix_results_target_probe_started_at", table_name="results")
+    op.create_index(
+        "ix_results_target_probe_purpose_started_at",
+        "results",
+        ["target", "probe", "purpose", "started_at"],
+    )
     conn = op.get_bind()
     studies = sa.table("studies", sa.column("data", sa.JSON()))
     results = sa.table("results", sa.column("id", sa.Text()), sa.column("purpose", sa.Text()))
@@ -56,5 +62,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_results_target_probe_purpose_started_at", table_name="results")
+    op.create_index(
+        "ix_results_target_probe_started_at", "results", ["target", "probe", "started_at"]
+    )
     with op.batch_alter_table("results") as batch:
         batch.drop_column("purpose")
