@@ -127,7 +127,7 @@ class Conductor:
                     continue
                 argv = lab.command(flow.src, client_argv(flow, lab.address(flow.dst), port, rate))
                 self._log({"traffic": name, "lab_s": start, "real_s": real_s, "rate_mbit": rate})
-                await run_command(argv, real_s, kill_grace_s=1.0)
+                await run_command(argv, real_s)
         finally:
             await server.stop()
 
