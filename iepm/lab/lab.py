@@ -485,6 +485,21 @@ class Lab:
                 raise LabError(f"nothing listens on port {port} in {node} after {timeout_s:g} s")
             time.sleep(0.05)
 
+    def wait_reachable(
+        self, node: str, others: Sequence[str] | None = None, timeout_s: float = LISTEN_TIMEOUT_S
+    ) -> None:
+        """Wait until ``node`` has had a ping answered by each of ``others`` (default: every
+        other node): neighbours resolved and delay lines passing packets, so the first
+        measurement of a test does not pay for either. LabError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        for other in others if others is not None else [n for n in self.nodes if n != node]:
+            argv = ["ping", "-n", "-c", "1", "-W", "1", self.address(other)]
+            while self.exec(node, argv, timeout_s=5.0).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise LabError(
+                        f"{other} does not answer pings from {node} after {timeout_s:g} s"
+                    )
+
     # --- links, routes, events ------------------------------------------------------------------
 
     def link_state(self, link: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,7 +45,7 @@ TOPOLOGY = {
 @pytest.fixture(scope="module")
 def lab(module_lab_factory: LabFactory) -> Iterator[Lab]:
     lab = module_lab_factory(TOPOLOGY, prefix="gt")
-    time.sleep(0.5)  # let the delay lines settle after start-up
+    lab.wait_reachable("mon")  # neighbours resolved before the first measurement
     yield lab
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -41,7 +40,7 @@ TOPOLOGY = {
 @pytest.fixture(scope="module")
 def lab(module_lab_factory: LabFactory) -> Iterator[Lab]:
     lab = module_lab_factory(TOPOLOGY, prefix="fid")
-    time.sleep(0.5)  # let the delay lines settle after start-up
+    lab.wait_reachable("mon")  # neighbours resolved before the first measurement
     yield lab
 
 

@@ -53,7 +53,8 @@ IPERF3 = {"duration_s": 3, "omit_s": 1, "streams": 2, "window": "256K"}
 @pytest.fixture(scope="module")
 def lab(module_lab_factory: LabFactory) -> Lab:
     lab = module_lab_factory(TOPOLOGY, prefix="rm")
-    time.sleep(0.3)
+    for monitor in ("mon1", "mon2"):  # neighbours resolved before the first measurement
+        lab.wait_reachable(monitor, ["tagent", "tssh"])
     return lab
 
 
