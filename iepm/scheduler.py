@@ -200,10 +200,14 @@ class Scheduler:
         on_result: ResultCallback | None = None,
         rng: random.Random | None = None,
         watchers: Sequence[ResultWatcher] | None = None,
+        configure: Callable[[int], Config] | None = None,
     ) -> None:
         """``watchers``: None for those the config asks for (``[monitor] alerts``/``adaptive``),
-        or an explicit list (``[]`` for none)."""
+        or an explicit list (``[]`` for none). ``configure``: the config for cycle N, asked
+        before each cycle (a mesh file re-read); the monitor's archive, log_dir and watchers
+        stay those of ``config``."""
         self.config = config
+        self.configure = configure
         self.archive = archive
         self.raw_log = RawLog(config.monitor.log_dir)
         self.spool_path = Path(config.monitor.log_dir) / "spool.jsonl"
@@ -573,8 +577,27 @@ class Scheduler:
         log.debug("%s", reason)
         return True
 
+    def _reconfigure(self) -> None:
+        if self.configure is None:
+            return
+        try:
+            config = self.configure(self.cycle_number)
+        except Exception:  # a bad reload must not stop measuring: keep the last config
+            log.exception(
+                "reconfiguring for cycle %d failed; keeping the config", self.cycle_number
+            )
+            return
+        fixed = ("name", "archive", "log_dir")
+        changed = [
+            k for k in fixed if getattr(config.monitor, k) != getattr(self.config.monitor, k)
+        ]
+        if changed:
+            log.warning("monitor %s changed: takes effect at restart", ", ".join(changed))
+        self.config = config
+
     async def run_cycle(self) -> CycleReport:
         self.cycle_number += 1
+        self._reconfigure()
         report = CycleReport(
             number=self.cycle_number,
             started_at=utcnow(),
@@ -629,7 +652,6 @@ class Scheduler:
         """Run cycles back to back at the configured interval (forever when ``cycles`` is None).
         Each finished cycle's report goes to ``on_cycle``; only the last is kept (and returned),
         so memory stays flat however long the monitor runs."""
-        interval = self.config.monitor.cycle_interval_s
         done = 0
         report: CycleReport | None = None
         try:
@@ -646,6 +668,7 @@ class Scheduler:
                 if cycles is not None and done >= cycles:
                     break
                 # Overran: start the next cycle now (late) rather than overlapping.
+                interval = self.config.monitor.cycle_interval_s  # may change with the config
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
         finally:
             await asyncio.to_thread(self.close)
