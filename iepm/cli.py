@@ -307,6 +307,7 @@ def run_cmd(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     configure = None
+    host_lease = None
     try:
         if (config is None) == (mesh is None) or (mesh is None) != (host is None):
             raise UsageError("give either --config FILE or --mesh FILE --as HOST")
@@ -315,6 +316,7 @@ def run_cmd(
 
             configure = MeshSource(mesh, host)
             loaded = configure(1)
+            host_lease = configure.leases()
         else:
             assert config is not None
             loaded = load_config(config)
@@ -341,7 +343,9 @@ def run_cmd(
                 )
                 sys.stdout.flush()
 
-        scheduler = Scheduler(loaded, archive, on_result=on_result, configure=configure)
+        scheduler = Scheduler(
+            loaded, archive, on_result=on_result, configure=configure, host_lease=host_lease
+        )
 
         def on_cycle(report: CycleReport) -> None:
             outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
@@ -357,6 +361,9 @@ def run_cmd(
             asyncio.run(scheduler.run(cycles=count, on_cycle=on_cycle))
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        finally:
+            if host_lease is not None:
+                host_lease.close()
 
 
 def _line(result: Result) -> str:

@@ -28,12 +28,14 @@ deferral is counted and listed in the cycle's report, and no result is stored fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -45,7 +47,7 @@ from pydantic import ValidationError
 from iepm.analysis.adaptive import cadence_for
 from iepm.analysis.watch import AlertWatcher, watcher_for
 from iepm.config import Config, TargetConfig
-from iepm.errors import StoreError
+from iepm.errors import IepmError, StoreError
 from iepm.probes import PROBES, gating_probes
 from iepm.probes.base import ProbeContext, ProbeSpec, failed_result, skipped_result
 from iepm.rawlog import RawLog
@@ -114,6 +116,9 @@ class SchedulerHealth:
     raw_log_held: int = 0
     raw_log_last_error: str | None = None
     watcher_skipped: int = 0  # results not shown to watchers (their archive was down)
+    # Host leases (a mesh's archive): exclusive probes not run for want of one, time waited.
+    lease_refusals: int = 0
+    lease_wait_s: float = 0.0
 
     def gauges(self) -> list[tuple[str, str, float]]:
         """(name, help, value) of what is waiting and where the archive stands, for /metrics."""
@@ -152,6 +157,9 @@ class SchedulerHealth:
 
 
 ResultCallback = Callable[[Result], None]
+# (target, probe, seconds to hold) → a context that holds the hosts and yields a diags line;
+# raises an IepmError when the hosts cannot be had.
+HostLease = Callable[[TargetConfig, str, float], AbstractAsyncContextManager[str]]
 # Deadline of one archive call (a result, a cycle record, a watcher's look at the history).
 ARCHIVE_CALL_S = 10.0
 # After a call outlived its deadline (a hung database), results go straight to the spool for this
@@ -201,13 +209,16 @@ class Scheduler:
         rng: random.Random | None = None,
         watchers: Sequence[ResultWatcher] | None = None,
         configure: Callable[[int], Config] | None = None,
+        host_lease: HostLease | None = None,
     ) -> None:
         """``watchers``: None for those the config asks for (``[monitor] alerts``/``adaptive``),
         or an explicit list (``[]`` for none). ``configure``: the config for cycle N, asked
         before each cycle (a mesh file re-read); the monitor's archive, log_dir and watchers
-        stay those of ``config``."""
+        stay those of ``config``. ``host_lease``: held around each exclusive probe (a mesh's
+        archive leases); one it cannot give is a skipped result with its reason."""
         self.config = config
         self.configure = configure
+        self.host_lease = host_lease
         self.archive = archive
         self.raw_log = RawLog(config.monitor.log_dir)
         self.spool_path = Path(config.monitor.log_dir) / "spool.jsonl"
@@ -512,8 +523,14 @@ class Scheduler:
             self.archive, monitor=self.config.monitor.name, target=target, probe=probe
         )
 
-    async def _run_probe(self, module: ModuleType, target: TargetConfig) -> Result:
-        spec = await self._spec(target, module.NAME)
+    async def _run_probe(
+        self,
+        module: ModuleType,
+        target: TargetConfig,
+        spec: ProbeSpec | None = None,
+        note: str | None = None,
+    ) -> Result:
+        spec = spec or await self._spec(target, module.NAME)
         ctx = self._context(target)
         started_at, t0 = utcnow(), time.monotonic()
         try:
@@ -531,8 +548,28 @@ class Scheduler:
                 # The time it really took, from when it really started.
                 update={"started_at": started_at, "duration_s": time.monotonic() - t0}
             )
+        if note:
+            result.diags = f"{result.diags or ''}\n{note}".lstrip("\n")
         await self._store(result)
         return result
+
+    async def _run_exclusive(self, module: ModuleType, target: TargetConfig) -> Result:
+        if self.host_lease is None:
+            return await self._run_probe(module, target)
+        spec = await self._spec(target, module.NAME)
+        hold_s = spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        t0 = time.monotonic()
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                note = await stack.enter_async_context(self.host_lease(target, module.NAME, hold_s))
+            except IepmError as exc:
+                self.health.lease_refusals += 1
+                result = skipped_result(module, spec, self._context(target), f"skipped: {exc}")
+                await self._store(result)
+                return result
+            self.health.lease_wait_s += time.monotonic() - t0
+            return await self._run_probe(module, target, spec, note)
+        raise AssertionError("unreachable")  # the stack never swallows an exception
 
     async def run_target(self, target: TargetConfig) -> list[Result]:
         modules = [PROBES[name] for name in target.probes]
@@ -557,7 +594,7 @@ class Scheduler:
             if self._deferred_by_cadence(target, module.NAME):
                 continue
             async with self.exclusive:
-                results.append(await self._run_probe(module, target))
+                results.append(await self._run_exclusive(module, target))
         return results
 
     def _deferred_by_cadence(self, target: TargetConfig, probe: str) -> bool:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from iepm import tomlload
 from iepm.config import Config
 from iepm.errors import ConfigError
+from iepm.mesh.leases import HostLeases
 from iepm.mesh.model import Expansion, Mesh, Pair, expand, monitor_config, resolve_members
 from iepm.probes import PROBES
 
@@ -223,6 +224,21 @@ class MeshSource:
         self.reloads = 0
         self.rejected = 0
         self._bad_digest: str | None = None  # an invalid edit is reported once, not per cycle
+
+    def leases(self) -> HostLeases | None:
+        """The archive leases this host's exclusive probes hold (None: the mesh has them off).
+        Lease settings are read at start: a change takes effect at restart."""
+        info = self.loaded.mesh.mesh
+        if not info.leases:
+            return None
+        config = derive(self.loaded, self.host)
+        # A target is named HOST or HOST.LABEL and host names hold no '.': its host is exact.
+        return HostLeases(
+            config.monitor.archive,
+            self.host,
+            lambda target: target.partition(".")[0],
+            wait_s=info.lease_wait_s,
+        )
 
     def __call__(self, cycle: int) -> Config:
         self._refresh()

@@ -54,6 +54,10 @@ def _host_name(value: str, what: str = "host") -> str:
 class MeshInfo(StrictModel):
     name: str = "mesh"
     description: str | None = None
+    # Hold a lease in the archive on both hosts of each bandwidth test (iepm.mesh.leases), so
+    # no two meet at one host; a test waits up to lease_wait_s for its hosts, else is skipped.
+    leases: bool = True
+    lease_wait_s: float = Field(default=600.0, ge=0.0, le=86400.0)
 
 
 class Host(StrictModel):

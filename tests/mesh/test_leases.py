@@ -1,0 +1,254 @@
+"""Host leases in the archive (SQLite and a real PostgreSQL): all-or-nothing, released, expired
+after a crash, refused as a skipped result; and monitors of one mesh writing to one PostgreSQL
+archive never run two bandwidth tests at one host at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from iepm.config import TargetConfig
+from iepm.mesh.leases import HostLeases, LeaseRefused
+from iepm.store import Archive
+from tests.helpers import iperf3_server, stop
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def url(archive_url: str) -> str:
+    Archive.open(archive_url).close()  # migrated, host_leases included
+    return archive_url
+
+
+def leases(url: str, holder: str, wait_s: float = 0.0) -> HostLeases:
+    return HostLeases(
+        url, holder, lambda t: t.partition(".")[0], wait_s=wait_s, rng=random.Random(7)
+    )
+
+
+def target(name: str) -> TargetConfig:
+    return TargetConfig(name=name, address="198.18.0.9")
+
+
+def test_a_lease_is_all_or_nothing_and_free_again_when_released(url: str) -> None:
+    a, b = leases(url, "a"), leases(url, "b")
+    try:
+        token = a.take(["a", "x"], "x", "iperf3", 60)
+        assert token is not None
+        assert b.take(["b", "x"], "x", "iperf3", 60) is None
+        # The refused take held nothing: b is still free for anyone.
+        other = leases(url, "c")
+        assert other.take(["b"], "b", "iperf3", 60) is not None
+        assert a.holders(["x", "y"]) == [("x", "a", "x")]
+        a.release(token)
+        assert b.take(["x"], "x", "iperf3", 60) is not None
+        other.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_expired_lease_is_taken_over(url: str) -> None:
+    crashed, live = leases(url, "crashed"), leases(url, "live")
+    try:
+        assert crashed.take(["x"], "x", "iperf3", -1.0) is not None  # its expiry is past
+        assert live.take(["x"], "x", "iperf3", 60) is not None
+        assert live.holders(["x"]) == [("x", "live", "x")]
+    finally:
+        crashed.close()
+        live.close()
+
+
+def test_hosts_busy_past_the_wait_are_refused_naming_the_holder(url: str) -> None:
+    holder, waiter = leases(url, "a"), leases(url, "b", wait_s=0.5)
+
+    async def attempt() -> None:
+        async with waiter(target("x.qos"), "iperf3", 10):
+            raise AssertionError("the lease should have been refused")
+
+    try:
+        assert holder.take(["x"], "x.qos", "iperf3", 60) is not None
+        with pytest.raises(LeaseRefused, match=r"hosts b, x stayed busy for 0.5 s; x held by a"):
+            asyncio.run(attempt())
+        assert waiter.refused == 1
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_a_waiting_test_gets_the_hosts_when_the_holder_releases(url: str) -> None:
+    holder, waiter = leases(url, "a"), leases(url, "b", wait_s=30)
+    token = holder.take(["x"], "x", "iperf3", 60)
+    assert token is not None
+
+    async def scenario() -> str:
+        async def take() -> str:
+            async with waiter(target("x"), "iperf3", 10) as note:
+                return note
+
+        task = asyncio.create_task(take())
+        while waiter.busy == 0:  # until the waiter has found x leased
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(holder.release, token)
+        return await task
+
+    try:
+        note = asyncio.run(scenario())
+        assert note.startswith("[host lease on b, x: waited ")
+        assert waiter.holders(["b", "x"]) == []  # released after the body
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_a_killed_monitors_lease_outlives_it_only_until_its_expiry(url: str) -> None:
+    """kill -9 while holding: the row stays until its expiry, then another monitor takes it."""
+    code = (
+        "import sys, time, random\n"
+        "from iepm.mesh.leases import HostLeases\n"
+        "l = HostLeases(sys.argv[1], 'doomed', str, wait_s=0)\n"
+        "assert l.take(['doomed', 'x'], 'x', 'iperf3', 3.0)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
+    )
+    waiter = leases(url, "b", wait_s=30)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert waiter.take(["x"], "x", "iperf3", 60) is None  # still held after the crash
+        t0 = time.monotonic()
+
+        async def take() -> None:
+            async with waiter(target("x"), "iperf3", 10):
+                pass
+
+        asyncio.run(take())
+        assert time.monotonic() - t0 < 3.0 + 6.0  # within its expiry, plus polling slack
+        assert waiter.holders(["doomed", "x"]) == []  # the expired row was removed
+    finally:
+        stop(proc)
+        waiter.close()
+
+
+MESH = """
+[mesh]
+name = "lease-test"
+lease_wait_s = 120
+leases = {leases}
+
+[monitor]
+cycle_interval_s = 300
+archive = "{url}"
+log_dir = "{tmp}/raw/{{host}}"
+
+[defaults.ping]
+count = 1
+interval_s = 0.2
+
+[defaults.iperf3]
+port = {port}
+duration_s = 1
+{hosts}
+[[tests]]
+name = "all"
+probes = ["ping", "iperf3"]
+"""
+
+
+@contextlib.contextmanager
+def servers(addresses: list[str], port: int) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for address in addresses:
+            stack.enter_context(iperf3_server(address, port))
+        yield
+
+
+@pytest.mark.pg
+def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: object, tmp_path: Path) -> None:
+    """Four `iepm run` processes, one PostgreSQL archive, a full two-way iperf3 mesh on loopback
+    addresses: every pair measured, every test succeeds (an iperf3 server refuses a second
+    client, so an overlap would show as a failure too), and no two tests share a host in time."""
+    from tests.helpers import free_port
+
+    name = f"iepm_mesh_{os.getpid()}"
+    db = pg_server.create_database(name)  # type: ignore[attr-defined]
+    Archive.open(db).close()
+    addresses = [f"127.0.0.{i}" for i in range(1, 5)]
+    hosts = "".join(
+        f'\n[[hosts]]\nname = "h{i}"\naddress = "{a}"\n' for i, a in enumerate(addresses, 1)
+    )
+    port = free_port()
+    path = tmp_path / "mesh.toml"
+    path.write_text(MESH.format(url=db, tmp=tmp_path, port=port, hosts=hosts, leases="true"))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        with servers(addresses, port):
+            for i in range(1, 5):
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "iepm.cli",
+                            "run",
+                            "--mesh",
+                            str(path),
+                            "--as",
+                            f"h{i}",
+                            "--once",
+                            "--no-live",
+                        ],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        env={**os.environ, "PYTHONPATH": str(REPO)},
+                        start_new_session=True,
+                    )
+                )
+            outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outputs
+        with Archive.open(db) as archive:
+            runs = list(archive.results(probe="iperf3"))
+        assert sorted((r.monitor, r.target) for r in runs) == sorted(
+            (f"h{i}", f"h{j}") for i in range(1, 5) for j in range(1, 5) if i != j
+        )
+        failed = [(r.monitor, r.target, r.error) for r in runs if not r.succeeded]
+        assert failed == []
+        assert all("[host lease on " in (r.diags or "") for r in runs)
+        spans: dict[str, list[tuple[object, object, str]]] = {}
+        for r in runs:
+            end = r.started_at + timedelta(seconds=r.duration_s)
+            for host in (r.monitor, r.target):
+                spans.setdefault(host, []).append((r.started_at, end, f"{r.monitor}->{r.target}"))
+        overlaps = []
+        for host, items in spans.items():
+            items.sort()
+            for (_s1, e1, n1), (s2, _e2, n2) in itertools.pairwise(items):
+                if s2 < e1:  # type: ignore[operator]
+                    overlaps.append((host, n1, n2))
+        assert overlaps == []
+    finally:
+        for p in procs:
+            stop(p)
+        pg_server.drop_database(name)  # type: ignore[attr-defined]
