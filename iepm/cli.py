@@ -355,6 +355,7 @@ def run_cmd(
                 f"{report.duration_s:.1f} s"
                 + (" — OVERRAN its interval" if report.overran else "")
                 + (f" — {state}" if state else "")
+                + (_lease_line(scheduler.health) if host_lease is not None else "")
             )
 
         try:
@@ -364,6 +365,13 @@ def run_cmd(
         finally:
             if host_lease is not None:
                 host_lease.close()
+
+
+def _lease_line(health: Any) -> str:
+    return (
+        f" — host leases: waited {health.lease_wait_s:.1f} s in all, "
+        f"{health.lease_refusals} tests refused"
+    )
 
 
 def _line(result: Result) -> str:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,14 +167,26 @@ log_dir = "{tmp}/raw/{{host}}"
 count = 1
 interval_s = 0.2
 
+[defaults.traceroute]
+max_hops = 3
+wait_s = 0.5
+
 [defaults.iperf3]
 port = {port}
 duration_s = 1
 {hosts}
 [[tests]]
 name = "all"
-probes = ["ping", "iperf3"]
+probes = ["ping", "traceroute", "iperf3"]
 """
+
+
+HOSTS = 6
+
+
+def archive_results(url: str, probe: str) -> list[Any]:
+    with Archive.open(url) as archive:
+        return list(archive.results(probe=probe))
 
 
 @contextlib.contextmanager
@@ -186,15 +199,15 @@ def servers(addresses: list[str], port: int) -> Iterator[None]:
 
 @pytest.mark.pg
 def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: object, tmp_path: Path) -> None:
-    """Four `iepm run` processes, one PostgreSQL archive, a full two-way iperf3 mesh on loopback
-    addresses: every pair measured, every test succeeds (an iperf3 server refuses a second
-    client, so an overlap would show as a failure too), and no two tests share a host in time."""
+    """Six `iepm run` processes, one PostgreSQL archive, a full two-way mesh (ping, traceroute,
+    iperf3) on loopback addresses: every pair measured, every iperf3 test succeeds (a server
+    refuses a second client, so an overlap would fail too), no two share a host in time."""
     from tests.helpers import free_port
 
     name = f"iepm_mesh_{os.getpid()}"
     db = pg_server.create_database(name)  # type: ignore[attr-defined]
     Archive.open(db).close()
-    addresses = [f"127.0.0.{i}" for i in range(1, 5)]
+    addresses = [f"127.0.0.{i}" for i in range(1, HOSTS + 1)]
     hosts = "".join(
         f'\n[[hosts]]\nname = "h{i}"\naddress = "{a}"\n' for i, a in enumerate(addresses, 1)
     )
@@ -204,7 +217,7 @@ def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: object, tmp_path: Pa
     procs: list[subprocess.Popen[str]] = []
     try:
         with servers(addresses, port):
-            for i in range(1, 5):
+            for i in range(1, HOSTS + 1):
                 procs.append(
                     subprocess.Popen(
                         [
@@ -231,8 +244,12 @@ def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: object, tmp_path: Pa
         with Archive.open(db) as archive:
             runs = list(archive.results(probe="iperf3"))
         assert sorted((r.monitor, r.target) for r in runs) == sorted(
-            (f"h{i}", f"h{j}") for i in range(1, 5) for j in range(1, 5) if i != j
+            (f"h{i}", f"h{j}") for i in range(1, HOSTS + 1) for j in range(1, HOSTS + 1) if i != j
         )
+        pairs = {(f"h{i}", f"h{j}") for i in range(1, HOSTS + 1) for j in range(1, HOSTS + 1)}
+        every = {(r.monitor, r.target) for r in archive_results(db, "ping")}
+        assert every == {p for p in pairs if p[0] != p[1]}
+        assert {(r.monitor, r.target) for r in archive_results(db, "traceroute")} == every
         failed = [(r.monitor, r.target, r.error) for r in runs if not r.succeeded]
         assert failed == []
         assert all("[host lease on " in (r.diags or "") for r in runs)
