@@ -88,6 +88,30 @@ def import_cmd(
     )
 
 
+@mesh_app.command("leases")
+def leases_cmd(
+    mesh: MeshArg,
+    host: Annotated[str, typer.Option("--as", help="Read the archive this host writes to.")],
+) -> None:
+    """List the host leases held now in the mesh's archive (who tests what, for how long)."""
+    from iepm.cliglue import existing_archive_url
+    from iepm.mesh.leases import HostLeases
+
+    config = load_mesh(mesh).config_for(host)
+    url = existing_archive_url(config.monitor.archive, None)
+    leases = HostLeases(url, host, str, wait_s=0)
+    try:
+        rows = leases.current()
+    finally:
+        leases.close()
+    lines = [f"{len(rows)} host leases held"]
+    lines += [
+        f"  {h:<20} held by {who:<20} testing {probe} to {target} ({left:.0f} s left)"
+        for h, who, target, probe, left in rows
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``iepm mesh`` to the ``iepm`` command."""
     app.add_typer(mesh_app, name="mesh")

@@ -142,6 +142,27 @@ class HostLeases:
         except SQLAlchemyError as exc:
             raise StoreError(f"cannot read host leases: {exc}") from None
 
+    def current(self) -> list[tuple[str, str, str, str, float]]:
+        """Every live lease: (host, holder, target, probe, seconds left), by host."""
+        engine = self._connect()
+        now = _db_now(engine)
+        query = (
+            select(
+                host_leases.c.host,
+                host_leases.c.holder,
+                host_leases.c.target,
+                host_leases.c.probe,
+                host_leases.c.expires_s - now,
+            )
+            .where(host_leases.c.expires_s >= now)
+            .order_by(host_leases.c.host)
+        )
+        try:
+            with engine.connect() as conn:
+                return [(r[0], r[1], r[2], r[3], float(r[4])) for r in conn.execute(query)]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot read host leases: {exc}") from None
+
     # -- the scheduler's hook ------------------------------------------------------------------
 
     async def _call(self, fn: Callable[..., T], *args: object) -> T:

@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -269,3 +270,27 @@ def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: object, tmp_path: Pa
         for p in procs:
             stop(p)
         pg_server.drop_database(name)  # type: ignore[attr-defined]
+
+
+def test_mesh_leases_lists_who_holds_which_host(url: str, tmp_path: Path) -> None:
+    path = tmp_path / "mesh.toml"
+    path.write_text(
+        f'[monitor]\narchive = "{url}"\nlog_dir = "{tmp_path}"\n'
+        '[[hosts]]\nname = "a"\naddress = "198.18.0.1"\n'
+        '[[hosts]]\nname = "x"\naddress = "198.18.0.2"\n'
+    )
+    holder = leases(url, "a")
+    try:
+        assert holder.take(["a", "x"], "x.qos", "iperf3", 60) is not None
+        done = subprocess.run(
+            [sys.executable, "-m", "iepm.cli", "mesh", "leases", str(path), "--as", "x"],
+            capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "2 host leases held"
+    pattern = r"x +held by a +testing iperf3 to x\.qos \((\d+) s left\)"
+    match = re.fullmatch(pattern, lines[2].strip())
+    assert match is not None and 0 < int(match[1]) <= 60
