@@ -294,3 +294,56 @@ def test_mesh_leases_lists_who_holds_which_host(url: str, tmp_path: Path) -> Non
     pattern = r"x +held by a +testing iperf3 to x\.qos \((\d+) s left\)"
     match = re.fullmatch(pattern, lines[2].strip())
     assert match is not None and 0 < int(match[1]) <= 60
+
+
+@pytest.mark.pg
+def test_iepm_run_killed_mid_test_leaves_no_lease_after_its_expiry(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """kill -9 of a real `iepm run` while its iperf3 test holds the hosts: the rows stay (the
+    monitor could not release them), then expire on their own and another monitor gets them."""
+    from tests.helpers import free_port
+
+    name = f"iepm_kill_{os.getpid()}"
+    db = pg_server.create_database(name)
+    Archive.open(db).close()
+    port = free_port()
+    hosts = '\n[[hosts]]\nname = "h1"\naddress = "127.0.0.1"\n'
+    hosts += '\n[[hosts]]\nname = "h2"\naddress = "127.0.0.2"\n'
+    path = tmp_path / "mesh.toml"
+    text = MESH.format(url=db, tmp=tmp_path, port=port, hosts=hosts, leases="true")
+    path.write_text(text.replace("duration_s = 1", "duration_s = 20"))
+    watcher = leases(db, "h2", wait_s=120)
+    proc = None
+    try:
+        with servers(["127.0.0.2"], port):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "iepm.cli", "run", "--mesh", str(path), "--as", "h1",
+                 "--once", "--no-live"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + 60
+            held: list[tuple[str, str, str, str, float]] = []
+            while not held and time.monotonic() < deadline and proc.poll() is None:
+                held = watcher.current()
+                time.sleep(0.1)  # polling the archive for the lease row, not a fixed wait
+            assert [h[:2] for h in held] == [("h1", "h1"), ("h2", "h1")]
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            left = held[0][4]
+            assert [h[:2] for h in watcher.current()] == [("h1", "h1"), ("h2", "h1")]
+            t0 = time.monotonic()
+
+            async def take() -> None:
+                async with watcher(target("h1"), "iperf3", 10):
+                    assert [h[1] for h in watcher.current()] == ["h2", "h2"]
+
+            asyncio.run(take())
+            assert time.monotonic() - t0 < left + 6.0  # expiry plus polling slack
+        assert watcher.current() == []  # released: nothing is left behind
+    finally:
+        if proc is not None:
+            stop(proc)  # type: ignore[arg-type]
+        watcher.close()
+        pg_server.drop_database(name)
