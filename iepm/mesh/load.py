@@ -13,16 +13,18 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from iepm import tomlload
 from iepm.config import Config
 from iepm.errors import ConfigError
-from iepm.mesh.leases import HostLeases
 from iepm.mesh.model import Expansion, Mesh, Pair, expand, monitor_config, resolve_members
 from iepm.probes import PROBES
+
+if TYPE_CHECKING:  # the archive's libraries load only when leases are used
+    from iepm.mesh.leases import HostLeases
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +230,8 @@ class MeshSource:
     def leases(self) -> HostLeases | None:
         """The archive leases this host's exclusive probes hold (None: the mesh has them off).
         Lease settings are read at start: a change takes effect at restart."""
+        from iepm.mesh.leases import HostLeases
+
         info = self.loaded.mesh.mesh
         if not info.leases:
             return None
