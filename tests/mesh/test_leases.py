@@ -198,78 +198,117 @@ def servers(addresses: list[str], port: int) -> Iterator[None]:
         yield
 
 
+def run_mesh_and_check(db: str, path: Path, n: int) -> dict[str, float]:
+    """Run ``iepm run --mesh path --as hI --once`` for every host at once; check every pair was
+    measured by every probe, every iperf3 test succeeded and none shared a host in time.
+    Returns figures for the report (tests, wall time)."""
+    procs: list[subprocess.Popen[str]] = []
+    t0 = time.monotonic()
+    try:
+        for i in range(1, n + 1):
+            argv = ["run", "--mesh", str(path), "--as", f"h{i}", "--once", "--no-live"]
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "iepm.cli", *argv],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env={**os.environ, "PYTHONPATH": str(REPO)},
+                    start_new_session=True,
+                )
+            )
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            stop(p)  # type: ignore[arg-type]
+    wall_s = time.monotonic() - t0
+    assert all(p.returncode == 0 for p in procs), outputs
+    pairs = {(f"h{i}", f"h{j}") for i in range(1, n + 1) for j in range(1, n + 1) if i != j}
+    runs = archive_results(db, "iperf3")
+    assert sorted((r.monitor, r.target) for r in runs) == sorted(pairs)
+    assert {(r.monitor, r.target) for r in archive_results(db, "ping")} == pairs
+    assert {(r.monitor, r.target) for r in archive_results(db, "traceroute")} == pairs
+    failed = [(r.monitor, r.target, r.error) for r in runs if not r.succeeded]
+    assert failed == []
+    assert all("[host lease on " in (r.diags or "") for r in runs)
+    spans: dict[str, list[tuple[Any, Any, str]]] = {}
+    for r in runs:
+        end = r.started_at + timedelta(seconds=r.duration_s)
+        for host in (r.monitor, r.target):
+            spans.setdefault(host, []).append((r.started_at, end, f"{r.monitor}->{r.target}"))
+    overlaps = []
+    for host, items in spans.items():
+        items.sort()
+        for (_s1, e1, n1), (s2, _e2, n2) in itertools.pairwise(items):
+            if s2 < e1:
+                overlaps.append((host, n1, n2))
+    assert overlaps == []
+    return {"iperf3_tests": len(runs), "wall_s": wall_s}
+
+
 @pytest.mark.pg
-def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: object, tmp_path: Path) -> None:
+def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: Any, tmp_path: Path) -> None:
     """Six `iepm run` processes, one PostgreSQL archive, a full two-way mesh (ping, traceroute,
     iperf3) on loopback addresses: every pair measured, every iperf3 test succeeds (a server
     refuses a second client, so an overlap would fail too), no two share a host in time."""
     from tests.helpers import free_port
 
     name = f"iepm_mesh_{os.getpid()}"
-    db = pg_server.create_database(name)  # type: ignore[attr-defined]
-    Archive.open(db).close()
-    addresses = [f"127.0.0.{i}" for i in range(1, HOSTS + 1)]
-    hosts = "".join(
-        f'\n[[hosts]]\nname = "h{i}"\naddress = "{a}"\n' for i, a in enumerate(addresses, 1)
-    )
-    port = free_port()
-    path = tmp_path / "mesh.toml"
-    path.write_text(MESH.format(url=db, tmp=tmp_path, port=port, hosts=hosts, leases="true"))
-    procs: list[subprocess.Popen[str]] = []
+    db = pg_server.create_database(name)
     try:
-        with servers(addresses, port):
-            for i in range(1, HOSTS + 1):
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "iepm.cli",
-                            "run",
-                            "--mesh",
-                            str(path),
-                            "--as",
-                            f"h{i}",
-                            "--once",
-                            "--no-live",
-                        ],
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                        env={**os.environ, "PYTHONPATH": str(REPO)},
-                        start_new_session=True,
-                    )
-                )
-            outputs = [p.communicate(timeout=300)[0] for p in procs]
-        assert all(p.returncode == 0 for p in procs), outputs
-        with Archive.open(db) as archive:
-            runs = list(archive.results(probe="iperf3"))
-        assert sorted((r.monitor, r.target) for r in runs) == sorted(
-            (f"h{i}", f"h{j}") for i in range(1, HOSTS + 1) for j in range(1, HOSTS + 1) if i != j
+        Archive.open(db).close()
+        addresses = [f"127.0.0.{i}" for i in range(1, HOSTS + 1)]
+        hosts = "".join(
+            f'\n[[hosts]]\nname = "h{i}"\naddress = "{a}"\n' for i, a in enumerate(addresses, 1)
         )
-        pairs = {(f"h{i}", f"h{j}") for i in range(1, HOSTS + 1) for j in range(1, HOSTS + 1)}
-        every = {(r.monitor, r.target) for r in archive_results(db, "ping")}
-        assert every == {p for p in pairs if p[0] != p[1]}
-        assert {(r.monitor, r.target) for r in archive_results(db, "traceroute")} == every
-        failed = [(r.monitor, r.target, r.error) for r in runs if not r.succeeded]
-        assert failed == []
-        assert all("[host lease on " in (r.diags or "") for r in runs)
-        spans: dict[str, list[tuple[object, object, str]]] = {}
-        for r in runs:
-            end = r.started_at + timedelta(seconds=r.duration_s)
-            for host in (r.monitor, r.target):
-                spans.setdefault(host, []).append((r.started_at, end, f"{r.monitor}->{r.target}"))
-        overlaps = []
-        for host, items in spans.items():
-            items.sort()
-            for (_s1, e1, n1), (s2, _e2, n2) in itertools.pairwise(items):
-                if s2 < e1:  # type: ignore[operator]
-                    overlaps.append((host, n1, n2))
-        assert overlaps == []
+        port = free_port()
+        path = tmp_path / "mesh.toml"
+        path.write_text(MESH.format(url=db, tmp=tmp_path, port=port, hosts=hosts, leases="true"))
+        with servers(addresses, port):
+            run_mesh_and_check(db, path, HOSTS)
     finally:
-        for p in procs:
-            stop(p)
-        pg_server.drop_database(name)  # type: ignore[attr-defined]
+        pg_server.drop_database(name)
+
+
+@pytest.mark.pg
+@pytest.mark.lab
+def test_lab_mesh_of_six_hosts_never_meets_at_a_host(
+    pg_server: Any, lab_factory: Any, tmp_path: Path
+) -> None:
+    """The same in the WAN lab: six hosts in their own network namespaces behind one router
+    (2-12 ms, 100 Mbit/s), each host's probes run in its namespace, one PostgreSQL archive."""
+    topology = {
+        "lab": {"name": "x", "seed": 3},
+        "hosts": [{"name": "core", "role": "router"}]
+        + [{"name": f"h{i}", "role": "target"} for i in range(1, HOSTS + 1)],
+        "links": [
+            {"name": f"l{i}", "a": "core", "b": f"h{i}", "delay_ms": 2 * i, "rate_mbit": 100}
+            for i in range(1, HOSTS + 1)
+        ],
+    }
+    lab = lab_factory(topology, prefix="mesh")
+    servers = [
+        lab.popen(f"h{i}", ["iperf3", "-s", "-B", lab.address(f"h{i}")])
+        for i in range(1, HOSTS + 1)
+    ]
+    name = f"iepm_labmesh_{os.getpid()}"
+    db = pg_server.create_database(name)
+    try:
+        for i in range(1, HOSTS + 1):
+            lab.wait_listening(f"h{i}")
+        Archive.open(db).close()
+        hosts = "".join(
+            f'\n[[hosts]]\nname = "h{i}"\naddress = "{lab.address(f"h{i}")}"\n'
+            f'[hosts.monitor]\nnetns = "{lab.netns(f"h{i}")}"\n'
+            for i in range(1, HOSTS + 1)
+        )
+        path = tmp_path / "mesh.toml"
+        path.write_text(MESH.format(url=db, tmp=tmp_path, port=5201, hosts=hosts, leases="true"))
+        run_mesh_and_check(db, path, HOSTS)
+    finally:
+        for server in servers:
+            lab.stop(server)
+        pg_server.drop_database(name)
 
 
 def test_mesh_leases_lists_who_holds_which_host(url: str, tmp_path: Path) -> None:
