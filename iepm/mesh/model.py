@@ -137,7 +137,9 @@ class Test(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _gather_probe_tables(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "params" not in data:
+        if isinstance(data, dict):
+            if "params" in data:  # internal: a probe's parameters go in [tests.PROBE]
+                raise ValueError("params: unknown field (a probe's parameters: [tests.PROBE])")
             tables = {k: v for k, v in data.items() if k in PROBES}
             data = {k: v for k, v in data.items() if k not in tables}
             if tables:

@@ -265,7 +265,7 @@ def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: Any, tmp_path: Path)
         path = tmp_path / "mesh.toml"
         path.write_text(MESH.format(url=db, tmp=tmp_path, port=port, hosts=hosts, leases="true"))
         with servers(addresses, port):
-            run_mesh_and_check(db, path, HOSTS)
+            print(f"loopback mesh: {run_mesh_and_check(db, path, HOSTS)}")
     finally:
         pg_server.drop_database(name)
 
@@ -304,7 +304,7 @@ def test_lab_mesh_of_six_hosts_never_meets_at_a_host(
         )
         path = tmp_path / "mesh.toml"
         path.write_text(MESH.format(url=db, tmp=tmp_path, port=5201, hosts=hosts, leases="true"))
-        run_mesh_and_check(db, path, HOSTS)
+        print(f"lab mesh: {run_mesh_and_check(db, path, HOSTS)}")
     finally:
         for server in servers:
             lab.stop(server)

@@ -183,6 +183,14 @@ BAD = [
         ":17: defaults.iperf3.duration_s: Input should be less than or equal to",
     ),
     (
+        '[[tests]]\nname = "t"\nprobes = ["iperf3"]\niperf3 = 5\n',
+        ":19: tests[0].iperf3: Input should be a valid dictionary",
+    ),
+    (
+        '[[tests]]\nname = "t"\nprobes = ["ping"]\nparams = {}\n',
+        ":16: tests[0]: Value error, params: unknown field",
+    ),
+    (
         "[monitor]\ncycle_interval_s = 0\n",
         ":17: monitor.cycle_interval_s: Input should be greater than or equal to 1",
     ),
