@@ -23,6 +23,11 @@ After each result is stored it goes to the *watchers* (by default the alert watc
 counted, never allowed to stop the cycle. With ``[monitor] adaptive`` the exclusive probes of a
 predictable path are not scheduled in every cycle (:mod:`iepm.analysis.adaptive`); each such
 deferral is counted and listed in the cycle's report, and no result is stored for it.
+
+Two hooks serve meshes (:mod:`iepm.mesh`) without the scheduler knowing them: ``configure``
+gives the config of each cycle (a mesh file re-read, so an edit needs no restart), and
+``host_lease`` is held around each exclusive probe (the archive's host leases, so no two
+monitors' bandwidth tests meet at one host); a lease not had in time is a skipped result.
 """
 
 from __future__ import annotations
