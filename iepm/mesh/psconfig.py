@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iepm.config import plausible_address
 from iepm.errors import ConfigError
 from iepm.mesh.model import HOST_RE, LABEL_RE, Host, Mesh, Test, expand
 
@@ -334,6 +335,11 @@ class _Importer:
                     f"tasks.{task}: list group {gname} without a fixed dest in its test "
                     "(single-host tests), left out"
                 )
+                return False
+            try:
+                plausible_address(dest)
+            except ValueError:
+                self.note(f"tasks.{task}: dest {dest!r} is not an address, left out")
                 return False
             center = self._external(dest)
             entry.update(shape="star", center=center, members=members, directions="reverse")

@@ -132,12 +132,14 @@ def test_unidirectional_disjoint_list_group_and_unknown_types(tmp_path: Path) ->
                 "spec": {"source": "{% address[0] %}", "dest": "www.example.net", "count": 5},
             },
             "dns": {"type": "dns", "spec": {"query": "example.net"}},
+            "web": {"type": "rtt", "spec": {"dest": "http://www.example.net/"}},
         },
         "schedules": {"hourly": {"repeat": "PT1H", "start": "2026-01-01T00:00:00Z"}},
         "tasks": {
             "bw task": {"group": "one-way", "test": "bw", "schedule": "hourly"},
             "to-web": {"group": "each", "test": "out", "schedule": "hourly"},
             "dns-task": {"group": "each", "test": "dns"},
+            "url-task": {"group": "each", "test": "web"},
         },
     }
     result = import_template(write(tmp_path, template))
@@ -153,6 +155,9 @@ def test_unidirectional_disjoint_list_group_and_unknown_types(tmp_path: Path) ->
     assert bw.params == {"iperf3": {"streams": 4, "omit_s": 2}}
     assert loaded.mesh.host("www-example-net").address == "www.example.net"
     assert "tasks.dns-task: test type 'dns' has no iepm probe, left out" in result.unmapped
+    assert "tasks.url-task: dest 'http://www.example.net/' is not an address, left out" in (
+        result.unmapped
+    )
     assert "schedules.hourly.start: not mapped (iepm runs in cycles)" in result.unmapped
 
 
