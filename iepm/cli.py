@@ -23,7 +23,7 @@ from typer.core import TyperGroup
 from iepm import __version__
 from iepm.cliglue import GuardedTyper, archive_url, fail, open_archive, parse_moment
 from iepm.config import Config, load_config
-from iepm.errors import IepmError, exit_code
+from iepm.errors import IepmError, UsageError, exit_code
 from iepm.probes import PROBES, get_probe
 from iepm.probes.base import Probe, ProbeContext, ProbeSpec, result_from_raw
 from iepm.rawlog import RawLog
@@ -269,8 +269,16 @@ def parse_cmd(
 
 
 @app.command("validate")
-def validate_cmd(config: Annotated[Path, typer.Argument(help="targets.toml to check.")]) -> None:
-    """Check a targets.toml; errors name the file, line and field."""
+def validate_cmd(
+    config: Annotated[Path, typer.Argument(help="targets.toml or a mesh file to check.")],
+) -> None:
+    """Check a targets.toml or a mesh file; errors name the file, line and field."""
+    from iepm.mesh.cli import describe_mesh, mesh_or_none
+
+    mesh = mesh_or_none(config)
+    if mesh is not None:
+        console.print(describe_mesh(config, mesh), soft_wrap=True)
+        return
     loaded = load_config(config)
     console.print(
         f"{config}: ok — monitor {loaded.monitor.name}, {len(loaded.targets)} targets, "
@@ -280,7 +288,13 @@ def validate_cmd(config: Annotated[Path, typer.Argument(help="targets.toml to ch
 
 @app.command("run")
 def run_cmd(
-    config: Annotated[Path, typer.Option("--config", "-c", help="targets.toml")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="targets.toml")] = None,
+    mesh: Annotated[
+        Path | None, typer.Option("--mesh", help="A mesh file (re-read every cycle); needs --as.")
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option("--as", help="This host's name in the --mesh file.")
+    ] = None,
     once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False,
     cycles: Annotated[int | None, typer.Option(help="Run this many cycles and exit.")] = None,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Show a live table.")] = True,
@@ -292,8 +306,20 @@ def run_cmd(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    configure = None
+    host_lease = None
     try:
-        loaded = load_config(config)
+        if (config is None) == (mesh is None) or (mesh is None) != (host is None):
+            raise UsageError("give either --config FILE or --mesh FILE --as HOST")
+        if mesh is not None and host is not None:
+            from iepm.mesh import MeshSource
+
+            configure = MeshSource(mesh, host)
+            loaded = configure(1)
+            host_lease = configure.leases()
+        else:
+            assert config is not None
+            loaded = load_config(config)
         # Not opened yet: a monitor restarted while its archive is down (full disk, database
         # stopped) measures and spools, and the schema is checked once the archive answers.
         archive = Archive.connect(loaded.monitor.archive)
@@ -317,7 +343,9 @@ def run_cmd(
                 )
                 sys.stdout.flush()
 
-        scheduler = Scheduler(loaded, archive, on_result=on_result)
+        scheduler = Scheduler(
+            loaded, archive, on_result=on_result, configure=configure, host_lease=host_lease
+        )
 
         def on_cycle(report: CycleReport) -> None:
             outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
@@ -327,12 +355,23 @@ def run_cmd(
                 f"{report.duration_s:.1f} s"
                 + (" — OVERRAN its interval" if report.overran else "")
                 + (f" — {state}" if state else "")
+                + (_lease_line(scheduler.health) if host_lease is not None else "")
             )
 
         try:
             asyncio.run(scheduler.run(cycles=count, on_cycle=on_cycle))
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        finally:
+            if host_lease is not None:
+                host_lease.close()
+
+
+def _lease_line(health: Any) -> str:
+    return (
+        f" — host leases: waited {health.lease_wait_s:.1f} s in all, "
+        f"{health.lease_refusals} tests refused"
+    )
 
 
 def _line(result: Result) -> str:
@@ -402,6 +441,7 @@ def _mount_subcommands() -> None:
     from iepm.analysis.cli import register as register_analysis
     from iepm.demo import register as register_demo
     from iepm.lab.cli import lab_app
+    from iepm.mesh.cli import register as register_mesh
     from iepm.remote.cli import register as register_remote
     from iepm.web.cli import register as register_web
 
@@ -410,6 +450,7 @@ def _mount_subcommands() -> None:
     register_web(app)
     register_remote(app)
     register_demo(app)
+    register_mesh(app)
     __import__("iepm.tuning.cli", fromlist=["register"]).register(app)
 
 

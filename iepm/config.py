@@ -49,6 +49,18 @@ def simple_name(value: str, what: str) -> str:
     return value
 
 
+def plausible_address(value: str) -> str:
+    """``value`` stripped if it is an IP address or a host name, else a ValueError."""
+    value = value.strip()
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        # A host name: resolved by the tools at run time, so a DNS change is followed.
+        if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$", value):
+            raise ValueError(f"not an IP address or host name: {value!r}") from None
+    return value
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -156,14 +168,7 @@ class TargetConfig(StrictModel):
     @field_validator("address")
     @classmethod
     def _address_is_plausible(cls, value: str) -> str:
-        value = value.strip()
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            # A host name: resolved by the tools at run time, so a DNS change is followed.
-            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$", value):
-                raise ValueError(f"not an IP address or host name: {value!r}") from None
-        return value
+        return plausible_address(value)
 
     @model_validator(mode="after")
     def _mode_has_its_table(self) -> TargetConfig:

@@ -23,17 +23,24 @@ After each result is stored it goes to the *watchers* (by default the alert watc
 counted, never allowed to stop the cycle. With ``[monitor] adaptive`` the exclusive probes of a
 predictable path are not scheduled in every cycle (:mod:`iepm.analysis.adaptive`); each such
 deferral is counted and listed in the cycle's report, and no result is stored for it.
+
+Two hooks serve meshes (:mod:`iepm.mesh`) without the scheduler knowing them: ``configure``
+gives the config of each cycle (a mesh file re-read, so an edit needs no restart), and
+``host_lease`` is held around each exclusive probe (the archive's host leases, so no two
+monitors' bandwidth tests meet at one host); a lease not had in time is a skipped result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -45,7 +52,7 @@ from pydantic import ValidationError
 from iepm.analysis.adaptive import cadence_for
 from iepm.analysis.watch import AlertWatcher, watcher_for
 from iepm.config import Config, TargetConfig
-from iepm.errors import StoreError
+from iepm.errors import IepmError, StoreError
 from iepm.probes import PROBES, gating_probes
 from iepm.probes.base import ProbeContext, ProbeSpec, failed_result, skipped_result
 from iepm.rawlog import RawLog
@@ -114,6 +121,9 @@ class SchedulerHealth:
     raw_log_held: int = 0
     raw_log_last_error: str | None = None
     watcher_skipped: int = 0  # results not shown to watchers (their archive was down)
+    # Host leases (a mesh's archive): exclusive probes not run for want of one, time waited.
+    lease_refusals: int = 0
+    lease_wait_s: float = 0.0
 
     def gauges(self) -> list[tuple[str, str, float]]:
         """(name, help, value) of what is waiting and where the archive stands, for /metrics."""
@@ -152,6 +162,9 @@ class SchedulerHealth:
 
 
 ResultCallback = Callable[[Result], None]
+# (target, probe, seconds to hold) → a context that holds the hosts and yields a diags line;
+# raises an IepmError when the hosts cannot be had.
+HostLease = Callable[[TargetConfig, str, float], AbstractAsyncContextManager[str]]
 # Deadline of one archive call (a result, a cycle record, a watcher's look at the history).
 ARCHIVE_CALL_S = 10.0
 # After a call outlived its deadline (a hung database), results go straight to the spool for this
@@ -200,10 +213,17 @@ class Scheduler:
         on_result: ResultCallback | None = None,
         rng: random.Random | None = None,
         watchers: Sequence[ResultWatcher] | None = None,
+        configure: Callable[[int], Config] | None = None,
+        host_lease: HostLease | None = None,
     ) -> None:
         """``watchers``: None for those the config asks for (``[monitor] alerts``/``adaptive``),
-        or an explicit list (``[]`` for none)."""
+        or an explicit list (``[]`` for none). ``configure``: the config for cycle N, asked
+        before each cycle (a mesh file re-read); the monitor's archive, log_dir and watchers
+        stay those of ``config``. ``host_lease``: held around each exclusive probe (a mesh's
+        archive leases); one it cannot give is a skipped result with its reason."""
         self.config = config
+        self.configure = configure
+        self.host_lease = host_lease
         self.archive = archive
         self.raw_log = RawLog(config.monitor.log_dir)
         self.spool_path = Path(config.monitor.log_dir) / "spool.jsonl"
@@ -508,8 +528,14 @@ class Scheduler:
             self.archive, monitor=self.config.monitor.name, target=target, probe=probe
         )
 
-    async def _run_probe(self, module: ModuleType, target: TargetConfig) -> Result:
-        spec = await self._spec(target, module.NAME)
+    async def _run_probe(
+        self,
+        module: ModuleType,
+        target: TargetConfig,
+        spec: ProbeSpec | None = None,
+        note: str | None = None,
+    ) -> Result:
+        spec = spec or await self._spec(target, module.NAME)
         ctx = self._context(target)
         started_at, t0 = utcnow(), time.monotonic()
         try:
@@ -527,8 +553,28 @@ class Scheduler:
                 # The time it really took, from when it really started.
                 update={"started_at": started_at, "duration_s": time.monotonic() - t0}
             )
+        if note:
+            result.diags = f"{result.diags or ''}\n{note}".lstrip("\n")
         await self._store(result)
         return result
+
+    async def _run_exclusive(self, module: ModuleType, target: TargetConfig) -> Result:
+        if self.host_lease is None:
+            return await self._run_probe(module, target)
+        spec = await self._spec(target, module.NAME)
+        hold_s = spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        t0 = time.monotonic()
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                note = await stack.enter_async_context(self.host_lease(target, module.NAME, hold_s))
+            except IepmError as exc:
+                self.health.lease_refusals += 1
+                result = skipped_result(module, spec, self._context(target), f"skipped: {exc}")
+                await self._store(result)
+                return result
+            self.health.lease_wait_s += time.monotonic() - t0
+            return await self._run_probe(module, target, spec, note)
+        raise AssertionError("unreachable")  # the stack never swallows an exception
 
     async def run_target(self, target: TargetConfig) -> list[Result]:
         modules = [PROBES[name] for name in target.probes]
@@ -553,7 +599,7 @@ class Scheduler:
             if self._deferred_by_cadence(target, module.NAME):
                 continue
             async with self.exclusive:
-                results.append(await self._run_probe(module, target))
+                results.append(await self._run_exclusive(module, target))
         return results
 
     def _deferred_by_cadence(self, target: TargetConfig, probe: str) -> bool:
@@ -573,8 +619,27 @@ class Scheduler:
         log.debug("%s", reason)
         return True
 
+    def _reconfigure(self) -> None:
+        if self.configure is None:
+            return
+        try:
+            config = self.configure(self.cycle_number)
+        except Exception:  # a bad reload must not stop measuring: keep the last config
+            log.exception(
+                "reconfiguring for cycle %d failed; keeping the config", self.cycle_number
+            )
+            return
+        fixed = ("name", "archive", "log_dir")
+        changed = [
+            k for k in fixed if getattr(config.monitor, k) != getattr(self.config.monitor, k)
+        ]
+        if changed:
+            log.warning("monitor %s changed: takes effect at restart", ", ".join(changed))
+        self.config = config
+
     async def run_cycle(self) -> CycleReport:
         self.cycle_number += 1
+        self._reconfigure()
         report = CycleReport(
             number=self.cycle_number,
             started_at=utcnow(),
@@ -629,7 +694,6 @@ class Scheduler:
         """Run cycles back to back at the configured interval (forever when ``cycles`` is None).
         Each finished cycle's report goes to ``on_cycle``; only the last is kept (and returned),
         so memory stays flat however long the monitor runs."""
-        interval = self.config.monitor.cycle_interval_s
         done = 0
         report: CycleReport | None = None
         try:
@@ -646,6 +710,7 @@ class Scheduler:
                 if cycles is not None and done >= cycles:
                     break
                 # Overran: start the next cycle now (late) rather than overlapping.
+                interval = self.config.monitor.cycle_interval_s  # may change with the config
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
         finally:
             await asyncio.to_thread(self.close)

@@ -181,3 +181,18 @@ daily = Table(
     # Stored in key order on SQLite, so a path's year is a few contiguous pages.
     sqlite_with_rowid=False,
 )
+
+# Host leases of a mesh (iepm/mesh/leases.py): a bandwidth test holds a row per host it uses,
+# so no two meet at one host. ``expires_s`` is the database's clock (epoch seconds): monitors'
+# clocks may differ, and a crashed monitor's row simply expires.
+host_leases = Table(
+    "host_leases",
+    metadata,
+    Column("host", Text, primary_key=True),
+    Column("token", Text, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("probe", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("expires_s", Float, nullable=False),
+    Index(None, "token"),
+)

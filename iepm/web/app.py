@@ -25,6 +25,7 @@ from iepm.errors import StoreError
 from iepm.scheduler import SchedulerHealth
 from iepm.web import api, metrics, site
 from iepm.web.context import HERE, INVALID, UNAVAILABLE, WebContext, templates
+from iepm.web.pages import mesh as mesh_grid
 from iepm.web.pages.aggregate import VIEWS
 from iepm.web.places import Place
 from iepm.web.queries import Queries
@@ -70,6 +71,7 @@ def create_app(
     app.include_router(site.router())
     app.include_router(api.router())
     app.include_router(metrics.router())
+    app.include_router(mesh_grid.router())
     return app
 
 
