@@ -75,34 +75,39 @@ def router() -> APIRouter:
 
     def overview_data(w: WebContext, until: datetime | None) -> overview.Overview:
         return w.page_data(  # type: ignore[no-any-return]
-            ("overview",), until, lambda now: overview.overview(w.queries, now, w.places)
+            ("overview",),
+            until,
+            lambda now: overview.overview(w.queries, now, w.places, ahead=until is None),
         )
 
     def overview_html(w: WebContext, request: Request, until: datetime | None) -> str:
+        """The overview rendered from figures computed for it now (never a cached copy: this
+        is what refreshes the shared page), or from those at ``until``."""
         now = now_of(until)
-
-        def render() -> str:
-            context = {
-                **_context(overview_data(w, until)),
-                "request": request,
-                "now": now,
-                "until": until,
-            }
-            return w.templates.get_template("overview.html").render(context)
-
-        if until is not None:
-            return render()
-        # Everyone lands here: the rendered page is shared (refreshed every cache_ttl_s).
-        return w.queries.cached(("overview-html",), render)
+        if until is None:
+            begun = w.queries.clock()
+            data = overview.overview(w.queries, now, w.places, ahead=True)
+            w.queries.put(("overview", "now"), data, begun)  # the downloads agree with the page
+        else:
+            data = overview_data(w, until)
+        context = {**_context(data), "request": request, "now": now, "until": until}
+        return w.templates.get_template("overview.html").render(context)
 
     @pages.get("/", response_class=HTMLResponse, summary="Overview page")
     async def overview_page(w: Context, request: Request, until: Until = None) -> HTMLResponse:
-        # A shared page that is ready is answered on the event loop; computing goes to a thread.
-        if until is None:
-            html = w.queries.ready(("overview-html",), lambda: overview_html(w, request, None))
-            if html is not None:
-                return HTMLResponse(html)
-        return HTMLResponse(await w.computed(overview_html, w, request, until))
+        if until is not None:
+            return HTMLResponse(await w.computed(overview_html, w, request, until))
+        # Everyone lands here: the rendered page is shared (refreshed every cache_ttl_s). A
+        # page that is ready is answered on the event loop; computing goes to a thread.
+        key = ("overview-html",)
+
+        def fresh() -> str:
+            return overview_html(w, request, None)
+
+        html = w.queries.ready(key, fresh)
+        if html is None:
+            html = await w.computed(w.queries.cached, key, fresh)
+        return HTMLResponse(html)
 
     @pages.get("/tables/{name}", summary="Download an overview table")
     def overview_table(
@@ -124,24 +129,16 @@ def router() -> APIRouter:
     def target_html(
         w: WebContext, request: Request, name: str, monitor: str | None, until: datetime | None
     ) -> str:
+        """The target page rendered from figures computed for it now (never a cached copy:
+        this is what refreshes the shared page), or from those at ``until``."""
         w.known_target(name)
         w.known_monitor(name, monitor)
-        now = now_of(until)
-
-        def render(page: target.TargetPage) -> str:
-            context = {**_context(page), "request": request, "now": now, "until": until}
-            return w.templates.get_template("target.html").render(
-                {**context, "window_end": page.until}
-            )
-
-        if until is not None:
-            return render(target_data(w, name, monitor, until))
-        # Only the rendered page is kept (one string, not the figures' many small objects), and
-        # shared (its links carry the query string, hence the key).
-        return w.queries.cached(
-            ("target-html", name, monitor, request.url.query),
-            lambda: render(target.target_page(w.queries, name, monitor, datetime.now(UTC))),
-        )
+        if until is None:
+            page = target.target_page(w.queries, name, monitor, datetime.now(UTC))
+        else:
+            page = target_data(w, name, monitor, until)
+        context = {**_context(page), "request": request, "now": now_of(until), "until": until}
+        return w.templates.get_template("target.html").render({**context, "window_end": page.until})
 
     @pages.get("/targets/{target}", response_class=HTMLResponse, summary="Target page")
     async def target_page(
@@ -151,13 +148,20 @@ def router() -> APIRouter:
         monitor: str | None = None,
         until: Until = None,
     ) -> HTMLResponse:
-        # A shared page that is ready is answered on the event loop; computing goes to a thread.
-        if until is None:
-            key = ("target-html", target, monitor, request.url.query)
-            html = w.queries.ready(key, lambda: target_html(w, request, target, monitor, None))
-            if html is not None:
-                return HTMLResponse(html)
-        return HTMLResponse(await w.computed(target_html, w, request, target, monitor, until))
+        if until is not None:
+            return HTMLResponse(await w.computed(target_html, w, request, target, monitor, until))
+        # Only the rendered page is kept (one string, not the figures' many small objects), and
+        # shared (its links carry the query string, hence the key). A page that is ready is
+        # answered on the event loop; computing goes to a thread.
+        key = ("target-html", target, monitor, request.url.query)
+
+        def fresh() -> str:
+            return target_html(w, request, target, monitor, None)
+
+        html = w.queries.ready(key, fresh)
+        if html is None:
+            html = await w.computed(w.queries.cached, key, fresh)
+        return HTMLResponse(html)
 
     @pages.get("/targets/{target}/tables/{name}", summary="Download a target-page table")
     def target_table(

@@ -112,12 +112,16 @@ class Overview:
         return list(dict.fromkeys(m.probe for m in self.headline))
 
 
-def overview(q: Queries, now: datetime, places: Places) -> Overview:
+def overview(q: Queries, now: datetime, places: Places, *, ahead: bool = False) -> Overview:
+    """The overview of the 28 days before ``now``; ``ahead``: also results started up to AHEAD
+    after it (a live page, whose clock may trail a monitor's; never a page asked for a past
+    moment, which must show nothing after it)."""
     since = now - HISTORY
+    end = now + AHEAD if ahead else now
     headline = headline_metrics()
     keys = sorted({m.key for m in headline})
     probes = sorted({m.probe for m in headline})
-    frame = q.frame(probes, keys, since=since, until=now + AHEAD)
+    frame = q.frame(probes, keys, since=since, until=end)
     paths: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i in range(len(frame)):
         paths[(frame.monitor[i], frame.target[i], frame.probe[i])].append(i)
@@ -220,7 +224,7 @@ def overview(q: Queries, now: datetime, places: Places) -> Overview:
             if len(values):
                 means[(monitor, target)] = float(values.mean())
     routes = route_map(
-        q.latest(ROUTE_PROBE, None, since, now + AHEAD),
+        q.latest(ROUTE_PROBE, None, since, end),
         means,
         capacity.name if capacity is not None else "capacity",
         places,
