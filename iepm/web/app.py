@@ -15,17 +15,21 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from iepm import __version__
+from iepm.analysis.statistics import at
 from iepm.errors import StoreError
 from iepm.scheduler import SchedulerHealth
 from iepm.web import api, metrics, site
 from iepm.web.context import HERE, INVALID, UNAVAILABLE, WebContext, templates
+from iepm.web.health import Thresholds, judge
 from iepm.web.pages.aggregate import VIEWS
+from iepm.web.pages.overview import UNUSUAL
 from iepm.web.places import Place
 from iepm.web.queries import Queries
 from iepm.web.tables import cell_text, human
@@ -37,14 +41,27 @@ def create_app(
     health: SchedulerHealth | None = None,
     cache_ttl_s: float = 30.0,
     places: Mapping[str, Place] | None = None,
+    thresholds: Thresholds | None = None,
 ) -> FastAPI:
     """The web app over the archive at ``archive_url`` (created or upgraded if needed).
     ``health``: a scheduler's counters when the app runs in the monitor's process (the demo),
     for the figures the archive cannot hold (failed archive writes, spooled results).
-    ``places``: each target's site and group (from targets.toml), which pages group by."""
+    ``places``: each target's site and group (from targets.toml), which pages group by.
+    ``thresholds``: what colours a path (the registry's defaults, or a site's overrides)."""
     pages = templates()
-    pages.env.globals.update(human=human, age=age, cell=cell_text, views=VIEWS)
-    context = WebContext(Queries(archive_url, cache_ttl_s=cache_ttl_s), places or {}, health, pages)
+    rules = thresholds or Thresholds()
+    pages.env.globals.update(
+        human=human,
+        age=age,
+        cell=cell_text,
+        views=VIEWS,
+        at=at,
+        unusual_share=UNUSUAL,
+        threshold_text=lambda m: judge(m, rules.rule(m, "", None), None, np.array([])).rule,
+    )
+    context = WebContext(
+        Queries(archive_url, cache_ttl_s=cache_ttl_s), places or {}, health, pages, rules
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -67,6 +67,7 @@ class Frame:
     target: list[str]
     outcome: list[str]
     values: dict[str, FloatArray]
+    error: list[str | None]  # why a run failed (None when it did not)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -198,6 +199,7 @@ class Queries:
                 RESULTS.c.monitor,
                 RESULTS.c.target,
                 RESULTS.c.outcome,
+                RESULTS.c.error,
                 *(_float(key) for key in keys),
             )
             .where(
@@ -210,7 +212,7 @@ class Queries:
         rows = self._rows(query)
         n = len(rows)
         values = {
-            key: np.array([np.nan if r[5 + i] is None else r[5 + i] for r in rows], dtype=float)
+            key: np.array([np.nan if r[6 + i] is None else r[6 + i] for r in rows], dtype=float)
             for i, key in enumerate(keys)
         }
         return Frame(
@@ -220,6 +222,7 @@ class Queries:
             target=[r[3] for r in rows],
             outcome=[r[4] for r in rows],
             values=values,
+            error=[r[5] if r[4] != "ok" else None for r in rows],
         )
 
     def documents(

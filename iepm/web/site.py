@@ -77,7 +77,9 @@ def router() -> APIRouter:
         return w.page_data(  # type: ignore[no-any-return]
             ("overview",),
             until,
-            lambda now: overview.overview(w.queries, now, w.places, ahead=until is None),
+            lambda now: overview.overview(
+                w.queries, now, w.places, ahead=until is None, thresholds=w.thresholds
+            ),
         )
 
     def overview_html(w: WebContext, request: Request, until: datetime | None) -> str:
@@ -86,7 +88,7 @@ def router() -> APIRouter:
         now = now_of(until)
         if until is None:
             begun = w.queries.clock()
-            data = overview.overview(w.queries, now, w.places, ahead=True)
+            data = overview.overview(w.queries, now, w.places, ahead=True, thresholds=w.thresholds)
             w.queries.put(("overview", "now"), data, begun)  # the downloads agree with the page
         else:
             data = overview_data(w, until)

@@ -133,6 +133,9 @@ class Chart:
     events: list[float] = field(default_factory=list)
     # Step-change alerts of the plotted metrics: (change epoch s, "metric up|down cause").
     alerts: list[tuple[float, str]] = field(default_factory=list)
+    # Periods the chart's probe failed: (first failed start, next success's start or the
+    # window's end, "outcome: error" of the first failed run), shaded with the reason on hover.
+    outages: list[tuple[float, float, str]] = field(default_factory=list)
     note: str = ""
 
     def spec(self) -> dict[str, Any]:
@@ -152,6 +155,7 @@ class Chart:
             "xLabel": self.x_label,
             "events": self.events,
             "alerts": [{"t": t, "label": label} for t, label in self.alerts],
+            "outages": [{"from": a, "to": b, "reason": why} for a, b, why in self.outages],
         }
 
 

@@ -21,6 +21,7 @@ from iepm.analysis.cause import HOST_PROBE, ROUTE_PROBE, hop_addresses, route_ch
 from iepm.analysis.statistics import FloatArray, at, describe
 from iepm.probes import PROBES, all_metrics
 from iepm.probes.base import Metric
+from iepm.web.health import run_value
 from iepm.web.pages.aggregate import weekly
 from iepm.web.queries import Frame, Queries, latest_document
 from iepm.web.tables import (
@@ -250,8 +251,33 @@ def facts_table(doc: tuple[datetime, str, dict[str, Any]] | None) -> Table:
     )
 
 
-def _masked(frame: Frame, key: str) -> list[float]:
-    return [v if o else math.nan for v, o in zip(frame.values[key], frame.ok(), strict=True)]
+def _plotted(frame: Frame, metric: Metric) -> list[float]:
+    """A metric's value per run as charted: a failed run at the metric's down value (a dead
+    ping at 100 % loss), or a gap when it stands for nothing (a failed iperf3 has no rate)."""
+    out = []
+    for value, ok in zip(frame.values[metric.key], frame.ok(), strict=True):
+        shown = run_value(metric, bool(ok), value)
+        out.append(math.nan if shown is None else shown)
+    return out
+
+
+def outages(frame: Frame, end: float) -> list[tuple[float, float, str]]:
+    """The periods a probe's runs failed (skipped runs measured nothing: they neither start
+    nor end one): from the first failed run's start to the next success's, or to ``end``."""
+    out: list[tuple[float, float, str]] = []
+    start: float | None = None
+    reason = ""
+    for t, outcome, error in zip(frame.t, frame.outcome, frame.error, strict=True):
+        if outcome == "skipped":
+            continue
+        if outcome != "ok" and start is None:
+            start, reason = float(t), f"{outcome}: {error or 'no reason recorded'}"
+        elif outcome == "ok" and start is not None:
+            out.append((start, float(t), reason))
+            start = None
+    if start is not None:
+        out.append((start, max(end, start), reason))
+    return out
 
 
 def _charts(
@@ -259,6 +285,7 @@ def _charts(
     metrics: dict[str, Metric],
     events: list[float],
     marks: Callable[..., list[tuple[float, str]]],
+    end: float,
 ) -> list[Chart]:
     """The layout's charts, then one per registered probe the layout does not chart."""
     charts = []
@@ -275,10 +302,11 @@ def _charts(
                 layout.title,
                 "time",
                 list(frame.t),
-                [Series(m.key, _masked(frame, m.key), axis) for m, axis in placed],
+                [Series(m.key, _plotted(frame, m), axis) for m, axis in placed],
                 placed[0][0].probe,
                 events=events,
                 alerts=marks(*(m.name for m, _axis in placed)),
+                outages=outages(frame, end),
             )
         )
     for probe, frame in frames.items():
@@ -293,12 +321,13 @@ def _charts(
                 "time",
                 list(frame.t),
                 [
-                    Series(m.key, _masked(frame, m.key), min(3, 1 + units.index(_unit(m.key))))
+                    Series(m.key, _plotted(frame, m), min(3, 1 + units.index(_unit(m.key))))
                     for m in mine
                 ],
                 probe,
                 events=events,
                 alerts=marks(*(m.name for m in mine)),
+                outages=outages(frame, end),
             )
         )
     return charts
@@ -357,7 +386,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
         alerts_table(alert_rows, alert_total, f"of {target}"),
         studies_table(study_rows, study_total),
     ]
-    charts = _charts(frames, metrics, events, marks)
+    charts = _charts(frames, metrics, events, marks, now.timestamp())
     charts.append(
         Chart(
             "hops",

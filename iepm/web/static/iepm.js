@@ -16,11 +16,50 @@
     return +v.toPrecision(3) + "";
   }
 
+  // Times in UTC, ISO style and 24-hour, whatever the browser's locale.
+  function iso(t) {
+    return new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ");
+  }
+  // Time axis ticks: hours within a day, the date where a day starts (and on the first tick).
+  function timeTicks(u, splits, axis, space, incr) {
+    return splits.map((t, i) => {
+      const s = iso(t);
+      if (incr >= 86400) return s.slice(0, 10);
+      return (i === 0 || s.slice(11) === "00:00") ? s.slice(0, 10) + "\n" + s.slice(11) : s.slice(11);
+    });
+  }
+
+  // Outages: the periods a probe's runs failed, shaded; their reason is shown on hover (in
+  // the chart's .reason line, and in window.iepmCharts[id].iepmOutage).
+  function outageAt(outages, t) {
+    return outages.find(o => t >= o.from && t <= o.to) || null;
+  }
+
   // Route changes: dashed red lines. Step-change alerts: solid orange lines with a triangle
-  // at the top and the alert written beside it.
-  function eventLines(events, alerts) {
+  // at the top and the alert written beside it. Outages: red shading behind the series.
+  function eventLines(events, alerts, outages, reasonEl) {
     return {
       hooks: {
+        drawAxes: [u => {
+          if (!outages.length) return;
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.fillStyle = "rgba(214, 39, 40, 0.16)";
+          for (const o of outages) {
+            const a = Math.max(u.bbox.left, u.valToPos(o.from, "x", true));
+            const b = Math.min(u.bbox.left + u.bbox.width, u.valToPos(o.to, "x", true));
+            if (b < a) continue;
+            ctx.fillRect(a, u.bbox.top, Math.max(b - a, 2 * devicePixelRatio), u.bbox.height);
+          }
+          ctx.restore();
+        }],
+        setCursor: [u => {
+          if (!outages.length || !reasonEl) return;
+          const left = u.cursor.left;
+          const o = left == null || left < 0 ? null : outageAt(outages, u.posToVal(left, "x"));
+          u.iepmOutage = o;
+          reasonEl.textContent = o ? `outage ${iso(o.from)} – ${iso(o.to)} UTC: ${o.reason}` : "";
+        }],
         draw: [u => {
           if (!events.length && !alerts.length) return;
           const ctx = u.ctx;
@@ -64,9 +103,8 @@
   function build(spec, el) {
     const time = spec.kind === "time";
     const series = [{ label: time ? "time (UTC)" : spec.xLabel,
-                      value: time ? (u, v) => v == null ? "–" : new Date(v * 1000).toISOString().slice(0, 16).replace("T", " ") : undefined }];
-    const axes = [{ label: spec.xLabel, stroke: "#333",
-                     values: time ? undefined : (u, vals) => vals.map(si) }];
+                      value: time ? (u, v) => v == null ? "–" : iso(v) : undefined }];
+    const axes = [{ label: spec.xLabel, stroke: "#333", values: time ? timeTicks : (u, vals) => vals.map(si) }];
     const scatterPlot = spec.kind === "scatter";
     // A fit through the origin is only judged by eye when the origin is on the plot.
     const fromZero = (u, min, max) => [0, max > 0 ? max * 1.05 : 1];
@@ -116,8 +154,10 @@
       axes: axes,
       scales: scales,
       cursor: { drag: { x: true, y: false, setScale: true } },
-      plugins: [eventLines(spec.events || [], spec.alerts || [])],
+      plugins: [eventLines(spec.events || [], spec.alerts || [], spec.outages || [],
+                           el.parentElement.querySelector(".reason"))],
     };
+    if (time) opts.tzDate = ts => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC");
     const data = [spec.x, ...spec.series.map(s => s.values)];
     const u = new uPlot(opts, data, el);
     charts[spec.id] = u;
