@@ -18,11 +18,13 @@ from iepm.errors import IepmError
 
 if TYPE_CHECKING:
     from iepm.scheduler import SchedulerHealth
+    from iepm.web.health import Thresholds
     from iepm.web.places import Places
 
 # Worker processes read the archive URL from here (uvicorn starts them from an import string).
 URL_ENV = "IEPM_SERVE_ARCHIVE"
 CONFIG_ENV = "IEPM_SERVE_CONFIG"
+THRESHOLDS_ENV = "IEPM_SERVE_THRESHOLDS"
 # Requests in flight get this long to finish on SIGINT/SIGTERM before connections are closed.
 GRACEFUL_SHUTDOWN_S = 10
 START_TIMEOUT_S = 15.0
@@ -46,12 +48,13 @@ def uvicorn_config(
     port: int,
     health: SchedulerHealth | None,
     places: Places | None = None,
+    thresholds: Thresholds | None = None,
 ) -> uvicorn.Config:
     from iepm.web.app import create_app
 
     tune_interpreter()
     return uvicorn.Config(
-        create_app(archive_url, health=health, places=places),
+        create_app(archive_url, health=health, places=places, thresholds=thresholds),
         host=host,
         port=port,
         log_level="warning",
@@ -125,12 +128,15 @@ class TcpConfig(uvicorn.Config):
 
 def app_from_env() -> object:
     """The app of one worker process (``--workers N``): its archive URL is in the environment,
-    and the path of targets.toml (``--config``) when given."""
+    and the paths of targets.toml (``--config``) and thresholds.toml (``--thresholds``) when
+    given."""
     from iepm.config import load_config
     from iepm.web.app import create_app
+    from iepm.web.health import load_thresholds
     from iepm.web.places import places_of
 
     tune_interpreter()
     config = os.environ.get(CONFIG_ENV)
     places = places_of(load_config(config)) if config else None
-    return create_app(os.environ[URL_ENV], places=places)
+    thresholds = load_thresholds(os.environ.get(THRESHOLDS_ENV))
+    return create_app(os.environ[URL_ENV], places=places, thresholds=thresholds)
