@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import fastapi_offline
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from iepm import __version__
@@ -77,10 +80,14 @@ def create_app(
             "archive. Units live in field names (_ms, _bps, _bytes, _percent, _s); times UTC."
         ),
         responses={**INVALID, **UNAVAILABLE},
+        # Served below from local assets: FastAPI's own pages load them from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.web = context
     app.state.archive = context.queries.archive
     app.state.queries = context.queries
+    _api_docs(app)  # before /static, which would otherwise answer /static/docs/…
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.add_exception_handler(StoreError, _store_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
@@ -88,6 +95,25 @@ def create_app(
     app.include_router(api.router())
     app.include_router(metrics.router())
     return app
+
+
+def _api_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) from assets a Python package ships (the README promises no CDN;
+    a monitoring host often has no route out). No ``/redoc``: its bundle loads its logo from
+    the vendor's CDN whatever it is told."""
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/static/docs", StaticFiles(directory=str(assets)), name="docs-assets")
+    openapi = app.openapi_url or "/openapi.json"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=openapi,
+            title=f"{app.title} API",
+            swagger_js_url="/static/docs/swagger-ui-bundle.js",
+            swagger_css_url="/static/docs/swagger-ui.css",
+            swagger_favicon_url="/static/docs/favicon.png",
+        )
 
 
 async def _store_error(_request: Request, exc: StoreError) -> JSONResponse:

@@ -123,3 +123,34 @@ def test_aggregation_views(page: Any, server: str, view: str, series: int) -> No
     assert series_count(page, "agg") == series
     assert page.evaluate(PAINTED, "agg") > 500
     shoot(page, f"aggregate-{view}")
+
+
+def test_api_docs_render_with_no_route_out(page: Any, server: str) -> None:
+    # The page fixture aborts every request off 127.0.0.1 (and fails on the error it logs):
+    # Swagger UI must come from the server itself.
+    page.goto(f"{server}/docs")
+    page.locator(".opblock-summary-path", has_text="/api/v1/results").first.wait_for()
+    assert page.locator(".opblock").count() >= 5
+
+
+def test_an_outage_is_shaded_and_says_why_on_hover(page: Any, server: str) -> None:
+    page.goto(f"{server}/targets/kek-3?until={END}")
+    page.wait_for_function("window.iepmCharts && window.iepmCharts.loss")
+    spec = page.evaluate(
+        "JSON.parse([...document.querySelectorAll('script.chart-spec')]"
+        ".find(s => s.dataset.target === 'chart-loss').textContent)"
+    )
+    outage = spec["outages"][-1]
+    assert outage["reason"].startswith("timeout: ping to kek-3")
+    # Hover the middle of the outage: the chart's reason line names it.
+    x, y = page.evaluate(
+        """t => { const u = window.iepmCharts.loss, r = u.over.getBoundingClientRect();
+                  return [r.left + u.valToPos(t, 'x'), r.top + r.height / 2]; }""",
+        (outage["from"] + outage["to"]) / 2,
+    )
+    page.mouse.move(x, y)
+    reason = page.locator("#fig-loss .reason")
+    reason.filter(has_text="ping to kek-3 did not finish").wait_for()
+    assert " UTC: timeout" in reason.inner_text()
+    page.mouse.move(5, 5)
+    shoot(page, "outage")

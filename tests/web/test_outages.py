@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from iepm.analysis.alerts import Alert, store_alert
 from iepm.results import Outcome, Result
 from iepm.store import Archive
 from iepm.web.app import create_app
@@ -44,6 +45,24 @@ def dead(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient,
     runs = _runs(datetime.now(UTC))
     with Archive.open(url) as archive:
         archive.add_many(runs)
+        # As the watcher writes it: the probe, and the metric's bare key.
+        step = runs[2].started_at
+        store_alert(
+            archive,
+            Alert(
+                "slac-mon",
+                "cern-1",
+                "ping",
+                "rtt_avg_ms",
+                step,
+                step,
+                "up",
+                150.0,
+                190.0,
+                26.7,
+                "route",
+            ),
+        )
     with TestClient(create_app(url, cache_ttl_s=0)) as client:
         yield client, runs
 
@@ -92,3 +111,14 @@ def test_the_overview_cell_of_a_dead_path_says_why(dead: tuple[TestClient, list[
     client, _runs = dead
     grid = client.get("/").text.split('id="grid"')[1].split("</table>")[0]
     assert REASON in grid
+
+
+def test_an_alert_written_by_the_watcher_is_drawn_on_its_metrics_chart(
+    dead: tuple[TestClient, list[Result]],
+) -> None:
+    client, runs = dead
+    specs = chart_specs(client.get("/targets/cern-1").text)
+    assert specs["rtt"]["alerts"] == [
+        {"t": pytest.approx(runs[2].started_at.timestamp()), "label": "ping.rtt_avg_ms up: route"}
+    ]
+    assert specs["loss"]["alerts"] == []
