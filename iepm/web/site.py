@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from iepm.probes import all_metrics
@@ -17,6 +17,13 @@ from iepm.web.pages import aggregate, compare, overview, target
 from iepm.web.tables import Table
 
 Context = Annotated[WebContext, Depends(web)]
+FitModel = Annotated[
+    Literal["auto", "power", "linear", "origin"],
+    Query(
+        description="auto: a power law y = a·x^b when every value is positive, else a line "
+        "y = c + m·x; origin: y = m·x (assumes y grows with x)"
+    ),
+]
 
 
 class View(StrEnum):
@@ -229,16 +236,22 @@ def router() -> APIRouter:
         return download(pick(page.tables, name), format, selection, target)
 
     def compare_data(
-        w: WebContext, x: str, y: str, mode: compare.Mode, name: str | None, until: datetime | None
+        w: WebContext,
+        x: str,
+        y: str,
+        mode: compare.Mode,
+        name: str | None,
+        until: datetime | None,
+        fit: compare.Fit,
     ) -> compare.ComparePage:
         if mode == "time":
             if name is None:
                 raise HTTPException(422, "mode=time compares runs of one target: give target=")
             w.known_target(name)
         return w.page_data(  # type: ignore[no-any-return]
-            ("compare", x, y, mode, name),
+            ("compare", x, y, mode, name, fit),
             until,
-            lambda end: compare.compare_page(w.queries, x, y, mode, name, end),
+            lambda end: compare.compare_page(w.queries, x, y, mode, name, end, model=fit),
         )
 
     @pages.get("/compare", response_class=HTMLResponse, summary="Compare two metrics")
@@ -250,8 +263,9 @@ def router() -> APIRouter:
         mode: Literal["targets", "time"] = "targets",
         target: str | None = None,
         until: Until = None,
+        fit: FitModel = "auto",
     ) -> HTMLResponse:
-        page = compare_data(w, x.value, y.value, mode, target, until)
+        page = compare_data(w, x.value, y.value, mode, target, until, fit)
         return w.templates.TemplateResponse(
             request,
             "compare.html",
@@ -273,8 +287,9 @@ def router() -> APIRouter:
         mode: Literal["targets", "time"] = "targets",
         target: str | None = None,
         until: Until = None,
+        fit: FitModel = "auto",
     ) -> Response:
-        page = compare_data(w, x.value, y.value, mode, target, until)
+        page = compare_data(w, x.value, y.value, mode, target, until, fit)
         selection = f"x={x.value} y={y.value} mode={mode} target={target or 'all'}"
         return download(pick(page.tables, name), format, selection, "compare")
 
