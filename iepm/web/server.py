@@ -49,12 +49,20 @@ def uvicorn_config(
     health: SchedulerHealth | None,
     places: Places | None = None,
     thresholds: Thresholds | None = None,
+    cache_ttl_s: float = 30.0,
 ) -> uvicorn.Config:
     from iepm.web.app import create_app
 
     tune_interpreter()
+    app = create_app(
+        archive_url,
+        health=health,
+        places=places,
+        thresholds=thresholds,
+        cache_ttl_s=cache_ttl_s,
+    )
     return uvicorn.Config(
-        create_app(archive_url, health=health, places=places, thresholds=thresholds),
+        app,
         host=host,
         port=port,
         log_level="warning",
@@ -86,11 +94,13 @@ def serve_in_background(
     port: int = 8080,
     health: SchedulerHealth | None = None,
     places: Places | None = None,
+    cache_ttl_s: float = 30.0,
 ) -> ServerHandle:
     """Serve the dashboard from a thread (the demo does this beside its scheduler, passing the
     scheduler's ``health`` so /metrics shows its archive write failures). Returns once the
     server accepts connections; raises IepmError if it could not start."""
-    server = uvicorn.Server(uvicorn_config(archive_url, host, port, health, places))
+    config = uvicorn_config(archive_url, host, port, health, places, cache_ttl_s=cache_ttl_s)
+    server = uvicorn.Server(config)
     # Signals belong to the main program (the demo stops us with stop()).
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, name=f"iepm-web-{port}", daemon=True)

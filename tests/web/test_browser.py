@@ -154,3 +154,33 @@ def test_an_outage_is_shaded_and_says_why_on_hover(page: Any, server: str) -> No
     assert " UTC: timeout" in reason.inner_text()
     page.mouse.move(5, 5)
     shoot(page, "outage")
+
+
+def test_the_overview_updates_by_itself_when_a_path_goes_down(page: Any, tmp_path: Path) -> None:
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from iepm.results import Outcome
+    from iepm.store import Archive
+
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    rng = random.Random(2)
+    now = datetime.now(UTC)
+    archive = Archive.open(url)
+    archive.add(data._ping(rng, "slac-mon", "cern-1", now - timedelta(minutes=5)))
+    handle = serve_in_background(url, "127.0.0.1", free_port(), cache_ttl_s=1.0)
+    try:
+        # Refresh every second (the picker's choice, kept in the browser).
+        page.add_init_script("window.localStorage.setItem('iepm.refresh', '1')")
+        page.goto(handle.url)
+        assert page.locator("#refresh").input_value() == "1"
+        assert page.locator("#grid a.chip.failed").count() == 0
+        down = data._ping(rng, "slac-mon", "cern-1", datetime.now(UTC))
+        archive.add(data._failed(down, Outcome.TIMEOUT, "ping to cern-1 did not finish"))
+        # No reload by the test: the page reloads itself, the cache refreshes within its TTL.
+        chip = page.locator("#grid a.chip.failed[data-metric='ping.loss_percent']")
+        chip.wait_for(timeout=15_000)
+        assert "ping to cern-1 did not finish" in (chip.get_attribute("title") or "")
+    finally:
+        handle.stop()
+        archive.close()

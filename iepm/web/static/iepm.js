@@ -159,9 +159,36 @@
     };
     if (time) opts.tzDate = ts => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC");
     const data = [spec.x, ...spec.series.map(s => s.values)];
+    // A zoomed chart is being read: auto-refresh waits until it is zoomed out (double-click).
+    opts.hooks = { setSelect: [u => { if (u.select.width > 0) u.iepmZoomed = true; }] };
     const u = new uPlot(opts, data, el);
+    u.over.addEventListener("dblclick", () => { u.iepmZoomed = false; });
     charts[spec.id] = u;
     return u;
+  }
+
+  // Auto-refresh of a live page (one without ?until=): reloads every N seconds as chosen in
+  // the header (kept in localStorage; default 1 min, within a cached page's life of 30 s
+  // plus one refresh), but not while a chart is zoomed or the page is hidden.
+  const picker = document.getElementById("refresh");
+  if (picker) {
+    const KEY = "iepm.refresh";
+    const saved = window.localStorage.getItem(KEY);
+    const every = saved === null ? 60 : Number(saved);
+    if (![...picker.options].some(o => Number(o.value) === every)) {
+      picker.add(new Option(`${every} s`, String(every)));
+    }
+    picker.value = String(every);
+    picker.addEventListener("change", () => {
+      window.localStorage.setItem(KEY, picker.value);
+      window.location.reload();
+    });
+    if (every > 0) {
+      window.setInterval(() => {
+        const zoomed = Object.values(charts).some(u => u.iepmZoomed);
+        if (!zoomed && document.visibilityState === "visible") window.location.reload();
+      }, every * 1000);
+    }
   }
 
   document.querySelectorAll("script.chart-spec").forEach(node => {
