@@ -125,7 +125,7 @@ class Chart:
 
     id: str
     title: str
-    kind: Literal["time", "bars", "line", "scatter"]
+    kind: Literal["time", "bars", "line", "scatter", "smoke"]
     x: Sequence[float]
     series: list[Series]
     table: str
@@ -137,6 +137,8 @@ class Chart:
     # window's end, "outcome: error" of the first failed run), shaded with the reason on hover.
     outages: list[tuple[float, float, str]] = field(default_factory=list)
     note: str = ""
+    # Per-x figures a kind of chart needs beyond its series (the smoke chart's loss).
+    extra: dict[str, list[float | None]] = field(default_factory=dict)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -156,6 +158,7 @@ class Chart:
             "events": self.events,
             "alerts": [{"t": t, "label": label} for t, label in self.alerts],
             "outages": [{"from": a, "to": b, "reason": why} for a, b, why in self.outages],
+            **{name: json_list(values) for name, values in self.extra.items()},
         }
 
 

@@ -143,6 +143,7 @@ def test_an_outage_is_shaded_and_says_why_on_hover(page: Any, server: str) -> No
     outage = spec["outages"][-1]
     assert outage["reason"].startswith("timeout: ping to kek-3")
     # Hover the middle of the outage: the chart's reason line names it.
+    page.locator("#fig-loss").scroll_into_view_if_needed()
     x, y = page.evaluate(
         """t => { const u = window.iepmCharts.loss, r = u.over.getBoundingClientRect();
                   return [r.left + u.valToPos(t, 'x'), r.top + r.height / 2]; }""",
@@ -154,6 +155,9 @@ def test_an_outage_is_shaded_and_says_why_on_hover(page: Any, server: str) -> No
     assert " UTC: timeout" in reason.inner_text()
     page.mouse.move(5, 5)
     shoot(page, "outage")
+    # The smoke chart: bands and medians painted.
+    page.wait_for_function("window.iepmCharts.smoke")
+    assert page.evaluate(PAINTED, "smoke") > 500
 
 
 def test_the_overview_updates_by_itself_when_a_path_goes_down(page: Any, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -122,3 +123,22 @@ def test_an_alert_written_by_the_watcher_is_drawn_on_its_metrics_chart(
         {"t": pytest.approx(runs[2].started_at.timestamp()), "label": "ping.rtt_avg_ms up: route"}
     ]
     assert specs["loss"]["alerts"] == []
+
+
+def test_the_smoke_chart_spreads_every_packet_and_colours_by_loss(
+    dead: tuple[TestClient, list[Result]],
+) -> None:
+    client, runs = dead
+    specs = chart_specs(client.get("/targets/cern-1").text)
+    smoke = specs["smoke"]
+    mine = [r for r in runs if r.target == "cern-1"]
+    assert smoke["x"] == pytest.approx([r.started_at.timestamp() for r in mine])
+    levels = {s["label"]: s["values"] for s in smoke["series"]}
+    assert list(levels) == ["p0", "p10", "p25", "p50", "p75", "p90", "p100"]
+    first = np.array(mine[0].data["rtts_ms"])
+    assert levels["p50"][0] == pytest.approx(float(np.median(first)))
+    assert levels["p0"][0] == pytest.approx(first.min())
+    assert levels["p100"][0] == pytest.approx(first.max())
+    assert levels["p50"][1] is None  # the timed-out run: no packet came back
+    assert smoke["loss"][1] == 100.0 and smoke["loss"][0] == mine[0].data["loss_percent"]
+    assert smoke["outages"] == specs["loss"]["outages"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -61,7 +61,96 @@ LAYOUT = (
 )
 HISTOGRAM = "iperf3.throughput_bps"  # the distribution of a path's capacity
 CDF = "ping.rtt_avg_ms"
+# The smoke chart (Smokeping's): every packet's RTT of each run, from the list a run stores
+# beside its mean, with its loss colouring the median; over the last SMOKE_WINDOW.
+SMOKE = ("ping.rtt_avg_ms", "rtts_ms", "ping.loss_percent")
+SMOKE_WINDOW = timedelta(days=2)
+SMOKE_LEVELS = (0, 10, 25, 50, 75, 90, 100)  # percentiles drawn: bands about the median
 UNIT = ("_ms", "_s", "_bps", "_bytes", "_percent")
+
+
+class SmokeRow(NamedTuple):
+    started_at: datetime
+    outcome: str
+    loss_percent: float | None
+    p0: float | None
+    p10: float | None
+    p25: float | None
+    p50: float | None
+    p75: float | None
+    p90: float | None
+    p100: float | None
+    samples: int
+
+
+def smoke_rows(
+    docs: list[tuple[datetime, str, dict[str, Any]]], samples: str, loss: str
+) -> list[SmokeRow]:
+    """Per run: the percentiles of its packets' RTTs (none for a run with no reply) and its
+    loss (a failed run's as its data has it, else 100 %: nothing came back)."""
+    rows = []
+    for started, outcome, data in docs:
+        values = data.get(samples)
+        rtts = np.array(
+            [v for v in values if isinstance(v, int | float)] if isinstance(values, list) else [],
+            dtype=float,
+        )
+        lost = data.get(loss)
+        lost_value = float(lost) if isinstance(lost, int | float) else None
+        if outcome != "ok" and lost_value is None:
+            lost_value = 100.0
+        levels = (
+            [float(v) for v in np.percentile(rtts, SMOKE_LEVELS)]
+            if len(rtts)
+            else [None] * len(SMOKE_LEVELS)
+        )
+        rows.append(SmokeRow(started, outcome, lost_value, *levels, len(rtts)))
+    return rows
+
+
+def _smoke(
+    q: Queries,
+    target: str,
+    monitor: str | None,
+    now: datetime,
+    metrics: dict[str, Metric],
+    frame: Frame | None,
+    end: float,
+) -> tuple[Table, Chart] | None:
+    """The smoke chart and its table; ``frame``: the probe's runs (for their outages)."""
+    name, samples, loss_name = SMOKE
+    if name not in metrics or loss_name not in metrics or frame is None:
+        return None
+    metric, loss = metrics[name], metrics[loss_name]
+    since = max(now - SMOKE_WINDOW, now - HISTORY)
+    docs = q.documents(metric.probe, target=target, monitor=monitor, since=since, until=now)
+    rows = smoke_rows(docs, samples, loss.key)
+    unit = _unit(metric.key)
+    table = Table(
+        "smoke",
+        f"every packet's {metric.label.split(' (')[0]} per run (percentiles), last "
+        f"{SMOKE_WINDOW.days} days",
+        [
+            col("started_at", "start of the run, UTC"),
+            col("outcome", "ok, failed, timeout"),
+            col(loss.key, loss.label),
+            *(col(f"p{p}", f"{p}th percentile of the run's packets{unit}") for p in SMOKE_LEVELS),
+            col("samples", "packets that came back"),
+        ],
+        rows,
+    )
+    chart = Chart(
+        "smoke",
+        f"smoke: every packet's {metric.label} per run (bands: 10–90 and 25–75 %, "
+        "line: median coloured by loss)",
+        "smoke",
+        [r.started_at.timestamp() for r in rows],
+        [Series(f"p{p}", [getattr(r, f"p{p}") for r in rows]) for p in SMOKE_LEVELS],
+        "smoke",
+        outages=[o for o in outages(frame, end) if o[1] >= since.timestamp()],
+        extra={"loss": [r.loss_percent for r in rows]},
+    )
+    return table, chart
 
 
 class RouteRow(NamedTuple):
@@ -406,6 +495,11 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             tables.append(table)
             charts.append(chart)
     charts.append(long_term)
+    smoke_probe = metrics[SMOKE[0]].probe if SMOKE[0] in metrics else None
+    smoke = _smoke(q, target, monitor, now, metrics, frames.get(smoke_probe or ""), now.timestamp())
+    if smoke is not None:
+        tables.append(smoke[0])
+        charts.insert(0, smoke[1])
     return TargetPage(
         target=target,
         monitor=monitor,
