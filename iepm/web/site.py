@@ -6,6 +6,7 @@
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
@@ -17,6 +18,10 @@ from iepm.web.pages import aggregate, compare, overview, target
 from iepm.web.tables import Table
 
 Context = Annotated[WebContext, Depends(web)]
+Window = Annotated[
+    Literal["1h", "6h", "1d", "7d", "28d", "90d", "365d"],
+    Query(description="the span the target page shows, ending at until (or now)"),
+]
 FitModel = Annotated[
     Literal["auto", "power", "linear", "origin"],
     Query(
@@ -127,26 +132,43 @@ def router() -> APIRouter:
         return download(table, format, f"until={format_time(now)}", "overview")
 
     def target_data(
-        w: WebContext, name: str, monitor: str | None, until: datetime | None
+        w: WebContext, name: str, monitor: str | None, until: datetime | None, window: str
     ) -> target.TargetPage:
         return w.page_data(  # type: ignore[no-any-return]
-            ("target", name, monitor),
+            ("target", name, monitor, window),
             until,
-            lambda end: target.target_page(w.queries, name, monitor, end),
+            lambda end: target.target_page(w.queries, name, monitor, end, target.WINDOWS[window]),
         )
 
     def target_html(
-        w: WebContext, request: Request, name: str, monitor: str | None, until: datetime | None
+        w: WebContext,
+        request: Request,
+        name: str,
+        monitor: str | None,
+        until: datetime | None,
+        window: str,
     ) -> str:
         """The target page rendered from figures computed for it now (never a cached copy:
         this is what refreshes the shared page), or from those at ``until``."""
         w.known_target(name)
         w.known_monitor(name, monitor)
         if until is None:
-            page = target.target_page(w.queries, name, monitor, datetime.now(UTC))
+            span = target.WINDOWS[window]
+            page = target.target_page(w.queries, name, monitor, datetime.now(UTC), span)
         else:
-            page = target_data(w, name, monitor, until)
-        context = {**_context(page), "request": request, "now": now_of(until), "until": until}
+            page = target_data(w, name, monitor, until, window)
+        context = {
+            **_context(page),
+            "request": request,
+            "now": now_of(until),
+            "until": until,
+            "window": window,
+            # The picker's links: this page's query with another window.
+            "window_links": [
+                (span, "?" + urlencode({**request.query_params, "window": span}))
+                for span in target.WINDOWS
+            ],
+        }
         return w.templates.get_template("target.html").render({**context, "window_end": page.until})
 
     @pages.get("/targets/{target}", response_class=HTMLResponse, summary="Target page")
@@ -156,16 +178,18 @@ def router() -> APIRouter:
         target: str,
         monitor: str | None = None,
         until: Until = None,
+        window: Window = "28d",
     ) -> HTMLResponse:
         if until is not None:
-            return HTMLResponse(await w.computed(target_html, w, request, target, monitor, until))
+            html = await w.computed(target_html, w, request, target, monitor, until, window)
+            return HTMLResponse(html)
         # Only the rendered page is kept (one string, not the figures' many small objects), and
         # shared (its links carry the query string, hence the key). A page that is ready is
         # answered on the event loop; computing goes to a thread.
         key = ("target-html", target, monitor, request.url.query)
 
         def fresh() -> str:
-            return target_html(w, request, target, monitor, None)
+            return target_html(w, request, target, monitor, None, window)
 
         html = w.queries.ready(key, fresh)
         if html is None:
@@ -180,10 +204,11 @@ def router() -> APIRouter:
         format: TableFormat = TableFormat.csv,
         monitor: str | None = None,
         until: Until = None,
+        window: Window = "28d",
     ) -> Response:
         w.known_target(target)
         w.known_monitor(target, monitor)
-        page = target_data(w, target, monitor, until)
+        page = target_data(w, target, monitor, until, window)
         selection = f"target={target} monitor={page.monitor} until={format_time(page.until)}"
         return download(pick(page.tables, name), format, selection, target)
 

@@ -116,13 +116,14 @@ def _smoke(
     metrics: dict[str, Metric],
     frame: Frame | None,
     end: float,
+    start: datetime,
 ) -> tuple[Table, Chart] | None:
     """The smoke chart and its table; ``frame``: the probe's runs (for their outages)."""
     name, samples, loss_name = SMOKE
     if name not in metrics or loss_name not in metrics or frame is None:
         return None
     metric, loss = metrics[name], metrics[loss_name]
-    since = max(now - SMOKE_WINDOW, now - HISTORY)
+    since = max(now - SMOKE_WINDOW, start)
     docs = q.documents(metric.probe, target=target, monitor=monitor, since=since, until=now)
     rows = smoke_rows(docs, samples, loss.key)
     unit = _unit(metric.key)
@@ -422,12 +423,27 @@ def _charts(
     return charts
 
 
-def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> TargetPage:
+# The time picker's windows (the charts' and tables' span; the year of weekly means stays).
+WINDOWS = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "1d": timedelta(days=1),
+    "7d": timedelta(days=7),
+    "28d": HISTORY,
+    "90d": timedelta(days=90),
+    "365d": timedelta(days=365),
+}
+
+
+def target_page(
+    q: Queries, target: str, monitor: str | None, now: datetime, span: timedelta = HISTORY
+) -> TargetPage:
+    """The page of ``target`` for the ``span`` before ``now`` (28 days unless picked)."""
     # The monitors of the last 28 days (cheap through the index), else of all time.
     monitors = q.target_monitors(target, since=now - HISTORY) or q.target_monitors(target)
     if monitor is None and monitors:
         monitor = monitors[0][0]
-    since = now - HISTORY
+    since = now - span
     window = {"target": target, "monitor": monitor, "since": since, "until": now}
     metrics = all_metrics()
     by_probe: dict[str, list[Metric]] = {}
@@ -496,7 +512,8 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             charts.append(chart)
     charts.append(long_term)
     smoke_probe = metrics[SMOKE[0]].probe if SMOKE[0] in metrics else None
-    smoke = _smoke(q, target, monitor, now, metrics, frames.get(smoke_probe or ""), now.timestamp())
+    smoke_frame = frames.get(smoke_probe or "")
+    smoke = _smoke(q, target, monitor, now, metrics, smoke_frame, now.timestamp(), since)
     if smoke is not None:
         tables.append(smoke[0])
         charts.insert(0, smoke[1])
