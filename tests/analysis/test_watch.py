@@ -343,3 +343,49 @@ def test_bad_alert_and_adaptive_settings_are_refused_with_their_line(
     with pytest.raises(ConfigError, match=r"<config>:[0-9]+: ") as err:
         load_config_text(f'[monitor]\nname = "m"\n{fields}\n')
     assert message in str(err.value)
+
+
+# cern in `make demo` (recorded 2026-11-24, cycles 30 s apart): its route switched to the
+# backup path between two cycles, and its ping RTT stepped 148 → 192 ms in the same cycle.
+DEMO_START = datetime(2026, 11, 24, 23, 24, 56, tzinfo=UTC)
+DEMO_RTT = [148.474, 148.153, 148.074, 192.26, 192.298, 193.461, 192.417, 192.413]
+EURO = ["198.18.0.2", "198.18.0.3", "198.18.0.4", "198.18.0.12"]
+BACKUP = ["198.18.0.2", "198.18.0.3", "198.18.0.6", "198.18.0.12"]
+
+
+def _demo_cycles(calm: int) -> list[Result]:
+    """``calm`` cycles on the old route at 148 ms (seeded noise), then the recorded demo."""
+    rng = np.random.default_rng(5)
+    rtts = [148.0 + float(x) for x in rng.uniform(0, 0.6, calm)] + DEMO_RTT
+    out = []
+    for i, rtt in enumerate(rtts):
+        when = DEMO_START + timedelta(seconds=30 * (i - calm))
+        hops = EURO if i < calm + 3 else BACKUP
+        trace = {
+            "reached": True,
+            "hops": [{"ttl": n + 1, "address": a} for n, a in enumerate(hops)],
+        }
+        out.append(result("traceroute", when, trace, target="cern"))
+        ping = {"rtt_avg_ms": rtt, "loss_percent": 0.0, "packets_sent": 5, "packets_received": 5}
+        out.append(result("ping", when + timedelta(seconds=8), ping, target="cern"))
+    return out
+
+
+@pytest.mark.parametrize("calm", [0, 30])  # 0: as the demo had it, three cycles in
+def test_the_demos_route_switch_is_one_alert_caused_by_the_route_at_the_step(
+    tmp_path: Path, calm: int
+) -> None:
+    results = _demo_cycles(calm)
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        watcher = AlertWatcher(archive, "mon")
+        feed(archive, watcher, results)
+        stored = load_alerts(archive)
+    assert len(stored) == 1, [a.summary for a in stored]
+    alert = stored[0]
+    first_new = next(r for r in results if r.probe == "ping" and r.data["rtt_avg_ms"] > 190)
+    # The step is placed at the first sample of the new level (the detector confirms it a few
+    # samples later), so the traceroute of the same cycle is the route's change.
+    assert alert.change_at == first_new.started_at
+    assert alert.cause == "route", alert.details
+    assert alert.details["route"]["after"] == BACKUP
+    assert alert.details["samples_to_alert"] <= 3
