@@ -128,9 +128,10 @@ def judge(metric: Metric, rule: Rule | None, value: float | None, history: Float
         return Verdict(_level(metric, value, h.warn, h.critical), None, text)
     if h.kind == "over_baseline":
         ref = rule.reference if rule.reference is not None else _pick(history, np.min)
+        baseline = "the path's baseline" if ref is None else f"the baseline {ref:.4g}{unit}"
         text = (
-            f"warn {h.warn:g} %, critical {h.critical:g} % above the baseline"
-            f" {_fmt(ref, unit)} (and {h.floor:g}{unit} more)"
+            f"warn {h.warn:g} %, critical {h.critical:g} % above {baseline}"
+            f" (and {h.floor:g}{unit} more)"
         )
         if value is None or ref is None or ref <= 0:
             return Verdict("nodata", ref, text)
@@ -145,10 +146,8 @@ def judge(metric: Metric, rule: Rule | None, value: float | None, history: Float
         if rule.reference is not None
         else _pick(history, lambda v: np.percentile(v, 90))
     )
-    text = (
-        f"warn below {h.warn:g} %, critical below {h.critical:g} % of the expected"
-        f" {_fmt(ref, unit)}"
-    )
+    expected = "the path's expected rate" if ref is None else f"the expected {ref:.4g}{unit}"
+    text = f"warn below {h.warn:g} %, critical below {h.critical:g} % of {expected}"
     if value is None or ref is None or ref <= 0:
         return Verdict("nodata", ref, text)
     share = 100.0 * value / ref
@@ -175,10 +174,6 @@ def _unit(key: str) -> str:
         if key.endswith(suffix):
             return unit
     return ""
-
-
-def _fmt(value: float | None, unit: str) -> str:
-    return "(none yet)" if value is None else f"{value:.4g}{unit}"
 
 
 def load_thresholds(path: str | None) -> Thresholds:
