@@ -389,3 +389,101 @@ def test_the_demos_route_switch_is_one_alert_caused_by_the_route_at_the_step(
     assert alert.cause == "route", alert.details
     assert alert.details["route"]["after"] == BACKUP
     assert alert.details["samples_to_alert"] <= 3
+
+
+def _scenario_cycle(
+    rng: np.random.Generator, when: datetime, cycle: int, events: dict[str, int]
+) -> list[Result]:
+    """One cycle of the demo's scenario for three paths: cern's route switches at cycle
+    ``events["switch"]`` (148 → 192 ms), fnal's bottleneck drops from 70 to 14 Mbit/s at
+    ``events["step"]``, ihep's link goes down at ``events["down"]``."""
+    out = []
+    for target, rtt, rate in (("cern", 148.0, 40e6), ("fnal", 50.3, 70e6), ("ihep", 290.0, 2e6)):
+        switched = target == "cern" and cycle >= events["switch"]
+        down = target == "ihep" and cycle >= events["down"]
+        stepped = target == "fnal" and cycle >= events["step"]
+        hops = BACKUP if switched else EURO
+        trace = {"reached": not down, "hops": [{"ttl": 1, "address": h} for h in hops]}
+        out.append(
+            result("traceroute", when, trace, target=target)
+            if not down
+            else result(
+                "traceroute",
+                when,
+                trace,
+                target=target,
+                outcome=Outcome.FAILED,
+                succeeded=False,
+                error="traceroute did not reach ihep",
+            )
+        )
+        level = rtt + (44.0 if switched else 0.0)
+        ping = {
+            "rtt_avg_ms": level + float(rng.uniform(0, 0.6)),
+            "loss_percent": 0.0,
+            "packets_sent": 5,
+            "packets_received": 5,
+        }
+        if down:
+            dead = {"packets_sent": 5, "packets_received": 0, "loss_percent": 100.0}
+            out.append(
+                result(
+                    "ping",
+                    when + timedelta(seconds=8),
+                    dead,
+                    target=target,
+                    outcome=Outcome.FAILED,
+                    succeeded=False,
+                    error="ping to ihep: no reply",
+                )
+            )
+            out.append(
+                result(
+                    "iperf3",
+                    when + timedelta(seconds=15),
+                    {},
+                    target=target,
+                    outcome=Outcome.SKIPPED,
+                    succeeded=False,
+                    error="skipped because ping to ihep failed",
+                )
+            )
+            continue
+        out.append(result("ping", when + timedelta(seconds=8), ping, target=target))
+        throughput = (rate / 5 if stepped else rate) * float(rng.uniform(0.93, 1.05))
+        out.append(
+            result(
+                "iperf3",
+                when + timedelta(seconds=15),
+                {"throughput_bps": throughput},
+                target=target,
+                params={"streams": 1},
+            )
+        )
+    return out
+
+
+def test_the_demo_scenario_gives_one_alert_per_event_with_its_cause_within_3_cycles(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(9)
+    events = {"switch": 30, "step": 40, "down": 50}
+    start = datetime(2026, 11, 24, 20, 0, tzinfo=UTC)
+    cycles = [start + timedelta(seconds=30 * i) for i in range(60)]
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        watcher = AlertWatcher(archive, "mon")
+        for i, when in enumerate(cycles):
+            feed(archive, watcher, _scenario_cycle(rng, when, i, events))
+        stored = load_alerts(archive)
+    found = {(a.target, a.metric): a for a in stored}
+    assert len(stored) == 3, [a.summary for a in stored]  # none in the calm 30 cycles either
+    expected = {
+        ("cern", "rtt_avg_ms"): (events["switch"], "up", "route"),
+        ("fnal", "throughput_bps"): (events["step"], "down", "unknown"),
+        ("ihep", "loss_percent"): (events["down"], "up", "unknown"),
+    }
+    for key, (cycle, direction, cause) in expected.items():
+        alert = found[key]
+        assert (alert.direction, alert.cause) == (direction, cause), alert.summary
+        assert cycles[cycle] <= alert.change_at < cycles[cycle + 1]
+        assert alert.details["samples_to_alert"] <= 3
