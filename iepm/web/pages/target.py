@@ -142,8 +142,9 @@ def _smoke(
     )
     chart = Chart(
         "smoke",
-        f"smoke: every packet's {metric.label} per run (bands: 10–90 and 25–75 %, "
-        "line: median coloured by loss)",
+        # "RTT avg (ms)" → "RTT (ms)": the chart is of packets, not of the runs' means.
+        f"smoke: every packet's {metric.label.split(' ')[0]} ({unit.strip('_')}) per run "
+        "(bands: 0–100, 10–90, 25–75 %; dots: median coloured by loss)",
         "smoke",
         [r.started_at.timestamp() for r in rows],
         [Series(f"p{p}", [getattr(r, f"p{p}") for r in rows]) for p in SMOKE_LEVELS],
