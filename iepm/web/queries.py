@@ -98,6 +98,7 @@ class Queries:
         self._cache: dict[tuple[Any, ...], tuple[float, Any]] = {}
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
+        self._failed_at: dict[tuple[Any, ...], float] = {}  # last failed background refresh
 
     def close(self) -> None:
         self.engine.dispose()
@@ -156,7 +157,9 @@ class Queries:
         age = self.clock() - hit[0] if hit is not None else math.inf
         if hit is None or age > ttl * STALE_SERVED_FOR:
             return False, None  # type: ignore[return-value]  # computed for the request
-        if age >= ttl * REFRESH_AFTER and key_lock.acquire(blocking=False):
+        failed = self._failed_at.get(key)
+        retry = failed is None or self.clock() - failed >= ttl * REFRESH_AFTER
+        if age >= ttl * REFRESH_AFTER and retry and key_lock.acquire(blocking=False):
             # Ageing or stale: served while one background thread refreshes it.
             refresh = threading.Thread(target=self._refresh, args=(key, compute, key_lock))
             refresh.daemon = True
@@ -167,9 +170,12 @@ class Queries:
         begun = self.clock()
         try:
             self.put(key, compute(), begun)
+            self._failed_at.pop(key, None)
         except Exception:
-            # The stale copy stays; the next request past REFRESH_AFTER tries again.
+            # The stale copy stays (until STALE_SERVED_FOR TTLs, then requests see the error);
+            # the refresh is tried again no sooner than REFRESH_AFTER TTLs from now.
             log.exception("refreshing %s failed", key[0])
+            self._failed_at[key] = self.clock()
         finally:
             lock.release()
 

@@ -105,3 +105,35 @@ def test_a_page_asked_for_a_past_moment_shows_nothing_after_it(
         "/tables/paths", params={"format": "csv", "until": format_time(moment)}
     ).text.splitlines()[1:]
     assert rows and all(datetime.fromisoformat(r.split(",")[3]) < moment for r in rows)
+
+
+def test_a_failing_refresh_keeps_the_copy_within_its_bound_then_fails_honestly(
+    tmp_path: Path,
+) -> None:
+    from iepm.errors import StoreError
+    from iepm.web.queries import STALE_SERVED_FOR, Queries
+
+    queries = Queries(f"sqlite:///{tmp_path / 'q.db'}", cache_ttl_s=TTL)
+    clock = FakeClock()
+    queries.clock = clock
+    calls: list[float] = []
+
+    def broken() -> int:
+        calls.append(clock.now)
+        raise StoreError("the archive is unreachable")
+
+    try:
+        assert queries.cached(("page",), lambda: 1) == 1
+        clock.now += TTL  # expired: served while a refresh is tried in the background
+        assert queries.cached(("page",), broken) == 1
+        assert until(lambda: len(calls) == 1)
+        assert until(lambda: ("page",) in queries._failed_at)
+        assert queries.cached(("page",), broken) == 1 and len(calls) == 1  # no retry storm
+        clock.now += TTL / 2
+        assert queries.cached(("page",), broken) == 1
+        assert until(lambda: len(calls) == 2)  # retried once half a TTL later
+        clock.now = 1000.0 + TTL * STALE_SERVED_FOR + 1  # too old to serve: the error shows
+        with pytest.raises(StoreError):
+            queries.cached(("page",), broken)
+    finally:
+        queries.close()
