@@ -188,3 +188,21 @@ def test_the_overview_updates_by_itself_when_a_path_goes_down(page: Any, tmp_pat
     finally:
         handle.stop()
         archive.close()
+
+
+def test_time_axes_are_24_hour_utc(page: Any, server: str) -> None:
+    from datetime import UTC, datetime
+
+    page.goto(f"{server}/targets/cern-1?until={END}&window=1d")
+    page.wait_for_function("window.iepmCharts && window.iepmCharts.rtt")
+    ticks = (
+        "([t, incr]) => { const u = window.iepmCharts.rtt;"
+        " return u.axes[0].values(u, t, 0, 50, incr); }"
+    )
+    one = datetime(2026, 11, 20, 13, tzinfo=UTC).timestamp()
+    midnight = datetime(2026, 11, 20, tzinfo=UTC).timestamp()
+    # Hourly ticks: 24-hour UTC, the date where a day starts (and on the first tick).
+    hourly = page.evaluate(ticks, [[one, midnight], 3600])
+    assert hourly == ["2026-11-20\n13:00", "2026-11-20\n00:00"]
+    daily = page.evaluate(ticks, [[midnight, midnight + 86400], 86400])
+    assert daily == ["2026-11-20", "11-21"]
