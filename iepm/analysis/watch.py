@@ -88,6 +88,12 @@ def metric_value(result: Result, metric: str) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+# How far before the detector's change point the step may be moved (samples), and how many
+# samples before those the old level is judged on.
+REFINE_BACK = 3
+REFINE_CONTEXT = 10
+
+
 def _unix(moment: datetime) -> float:
     return moment.timestamp()
 
@@ -274,7 +280,7 @@ class AlertWatcher:
         target, rule = result.target, track.rule
         self._suspect(target)
         change_t = track.times.get(cp.index, _unix(result.started_at))
-        last_before_t = track.times.get(cp.index - 1, change_t)
+        last_before_t, change_t = step_at(list(track.samples), change_t)
         now = utcnow()
         try:
             cause, details = attribute(
@@ -315,6 +321,35 @@ class AlertWatcher:
         if self.notifier is not None:
             self.notifier.submit(alert)
         return alert
+
+
+def step_at(samples: list[tuple[float, float]], change_t: float) -> tuple[float, float]:
+    """(last sample of the old level, first of the new) around the detector's ``change_t``.
+
+    On a short history the detector can name a sample up to a few after the step (the first
+    new samples look like outliers until the level is confirmed): an alert placed there misses
+    the traceroute of the step's own cycle and blames nothing. So the step is moved to the
+    split, among the REFINE_BACK samples before ``change_t``, that best separates the two
+    levels (least absolute deviation from each side's median); ties keep the detector's."""
+    times = [t for t, _v in samples]
+    if change_t not in times:
+        return change_t, change_t
+    p = times.index(change_t)
+    values = np.array([v for _t, v in samples], dtype=np.float64)
+    start = max(0, p - REFINE_BACK - REFINE_CONTEXT)
+
+    def cost(split: int) -> float:
+        left, right = values[start:split], values[split:]
+        return float(np.abs(left - np.median(left)).sum() + np.abs(right - np.median(right)).sum())
+
+    best, best_cost = p, cost(p) if p > start else math.inf
+    for split in range(p - 1, max(start, p - REFINE_BACK) - 1, -1):
+        if split <= start:
+            break
+        c = cost(split)
+        if c < best_cost:
+            best, best_cost = split, c
+    return (times[best - 1] if best > 0 else times[best]), times[best]
 
 
 def metric_series(

@@ -67,6 +67,21 @@ class ProbeMeta:
 
 
 @dataclass(frozen=True)
+class Health:
+    """Absolute thresholds that colour a path by a metric (as MaDDash and Smokeping do), in
+    the metric's own terms: ``kind`` "value": the value itself (loss above 0.1 %, 1 %);
+    "over_baseline": percent above the path's baseline, its lowest level of the last 28 days
+    (RTT: propagation with no queueing), ignoring excesses under ``floor`` (metric's unit);
+    "share_of_expected": percent of the path's expected rate (given or tuned, else its usual
+    level) that the value falls below. Sites override them per target or group."""
+
+    kind: Literal["value", "over_baseline", "share_of_expected"]
+    warn: float
+    critical: float
+    floor: float = 0.0
+
+
+@dataclass(frozen=True)
 class Metric:
     """One scalar of a probe's ``data`` that views plot (unit in the key, as stored).
 
@@ -88,6 +103,8 @@ class Metric:
     forecast: bool = False
     headline: bool = False
     failed_runs: bool = False
+    down_value: float | None = None
+    health: Health | None = None
 
     @property
     def name(self) -> str:

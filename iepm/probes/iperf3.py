@@ -44,6 +44,7 @@ from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed
 from iepm.probes import load
 from iepm.probes.base import (
     Column,
+    Health,
     Metric,
     ProbeContext,
     ProbeMeta,
@@ -79,6 +80,8 @@ METRICS: tuple[Metric, ...] = (
         # A change must be >= 15% of the throughput to reach people.
         alert={"min_relative": 0.15},
         forecast=True,
+        # Below half (a fifth) of what the path is expected to carry.
+        health=Health("share_of_expected", 50.0, 20.0),
         headline=True,
     ),
     Metric(NAME, "retransmits", "retransmits", "lower", rollup=True),

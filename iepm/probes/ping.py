@@ -43,6 +43,7 @@ from pydantic import Field, model_validator
 from iepm.errors import ParseError, ToolFailed
 from iepm.probes.base import (
     Column,
+    Health,
     Metric,
     ProbeContext,
     ProbeMeta,
@@ -71,6 +72,8 @@ METRICS: tuple[Metric, ...] = (
         rollup=True,
         alert={"min_relative": 0.05, "min_absolute": 0.5},
         headline=True,
+        # A path 20 % (50 %) and 2 ms above its lowest RTT queues or took a longer route.
+        health=Health("over_baseline", 20.0, 50.0, floor=2.0),
     ),
     Metric(NAME, "rtt_max_ms", "RTT max (ms)", "lower", 1e-3, "seconds", rollup=True),
     Metric(NAME, "rtt_mdev_ms", "RTT mdev (ms)", "lower", 1e-3, "seconds"),
@@ -85,6 +88,8 @@ METRICS: tuple[Metric, ...] = (
         alert={"min_relative": 0.5, "min_absolute": 2.0},
         headline=True,
         failed_runs=True,  # no reply at all is a sample of 100% loss
+        down_value=100.0,
+        health=Health("value", 0.1, 1.0),  # MaDDash's and perfSONAR's loss thresholds
     ),
 )
 

@@ -27,16 +27,26 @@ def serve_command(
         str | None,
         typer.Option("--config", help="targets.toml: pages group targets by its site and group."),
     ] = None,
+    thresholds_toml: Annotated[
+        str | None,
+        typer.Option(
+            "--thresholds",
+            help="thresholds.toml: health thresholds per metric, overridden per group or target "
+            '([defaults."ping.loss_percent"] warn = 0.5, [targets.NAME."metric"] reference = …).',
+        ),
+    ] = None,
 ) -> None:
     """Serve the report pages, the REST API (/api/v1, docs at /docs) and /metrics."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
     from iepm.config import load_config
+    from iepm.web.health import load_thresholds
     from iepm.web.places import places_of
     from iepm.web.server import (
         CONFIG_ENV,
         GRACEFUL_SHUTDOWN_S,
+        THRESHOLDS_ENV,
         URL_ENV,
         TcpConfig,
         uvicorn_config,
@@ -47,8 +57,9 @@ def serve_command(
     except ValueError as exc:
         raise fail(str(exc)) from None
     places = places_of(load_config(targets_toml)) if targets_toml else None
+    thresholds = load_thresholds(thresholds_toml)  # a bad file stops here, before serving
     # Serving only reads: a mistyped --db must not leave a new empty archive behind.
-    config = uvicorn_config(existing_archive_url(db, None), host, port, None, places)
+    config = uvicorn_config(existing_archive_url(db, None), host, port, None, places, thresholds)
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"iepm: serving {db} on http://{shown}:{port}/ (Ctrl-C stops)\n")
     if workers > 1:
@@ -58,6 +69,8 @@ def serve_command(
         os.environ[URL_ENV] = db
         if targets_toml:
             os.environ[CONFIG_ENV] = targets_toml
+        if thresholds_toml:
+            os.environ[THRESHOLDS_ENV] = thresholds_toml
         config = TcpConfig(
             "iepm.web.server:app_from_env",
             factory=True,

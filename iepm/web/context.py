@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field
 
 from iepm.scheduler import SchedulerHealth
+from iepm.web.health import Thresholds
 from iepm.web.places import Places
 from iepm.web.queries import Queries
 
@@ -41,6 +42,7 @@ class WebContext:
     places: Places
     health: SchedulerHealth | None
     templates: Jinja2Templates
+    thresholds: Thresholds = field(default_factory=Thresholds)
     # Made on first use and shut down with the app (which may be started again, as tests do).
     page_pools: list[ThreadPoolExecutor] = field(default_factory=list)
 

@@ -3,11 +3,15 @@
 Everything except the in-process scheduler counters is read from the archive, so a separate
 ``iepm serve`` process exposes what the monitors wrote. Families:
 
-- ``iepm_<probe>_<figure>_<unit>{monitor,target}``: the latest successful value per path
-  (paths with a result in the last 28 days) of every metric a registered probe declares,
-  e.g. ``iepm_ping_rtt_avg_seconds``, ``iepm_ping_loss_ratio``,
-  ``iepm_iperf3_throughput_bits_per_second``;
-- ``iepm_last_result_timestamp_seconds`` and ``iepm_last_result_success{monitor,target,probe}``;
+- ``iepm_<probe>_<figure>_<unit>{monitor,target}``: the latest value per path (paths with a
+  result in the last 28 days) of every metric a registered probe declares, e.g.
+  ``iepm_ping_rtt_avg_seconds``, ``iepm_ping_loss_ratio``,
+  ``iepm_iperf3_throughput_bits_per_second``. A path whose latest run failed keeps its series:
+  the metric's down value (a dead ping reads loss 1), else NaN (no figure, but not gone), so
+  an alert on loss fires and one on absence is not needed;
+- ``iepm_probe_success{monitor,target,probe}``: 1 when the latest run succeeded, else 0 (as
+  blackbox_exporter's ``probe_success``); ``iepm_last_result_timestamp_seconds`` and, under
+  its older name, ``iepm_last_result_success``;
 - ``iepm_runs_total{monitor,probe,outcome}``, ``iepm_cycles_total`` and
   ``iepm_cycle_overruns_total{monitor}``; ``iepm_alerts_total{cause}`` (step changes found by
   the analysis, by likely cause: route, host, tuning, unknown);
@@ -19,10 +23,11 @@ Everything except the in-process scheduler counters is read from the archive, so
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import PlainTextResponse, Response
@@ -34,6 +39,7 @@ from iepm.probes import metrics_of
 from iepm.probes.base import Metric as IepmMetric
 from iepm.scheduler import SchedulerHealth
 from iepm.web.context import WebContext, web
+from iepm.web.health import run_value
 from iepm.web.queries import Queries
 from iepm.web.tables import HISTORY
 
@@ -65,32 +71,40 @@ class ArchiveCollector(Collector):
         )
         success = GaugeMetricFamily(
             "iepm_last_result_success",
-            "1 when the newest result per path succeeded, else 0",
+            "1 when the newest result per path succeeded, else 0 (iepm_probe_success)",
+            labels=["monitor", "target", "probe"],
+        )
+        probe_success = GaugeMetricFamily(
+            "iepm_probe_success",
+            "1 when the newest run of the path succeeded, else 0 (blackbox_exporter's meaning)",
             labels=["monitor", "target", "probe"],
         )
         for result in latest:
             labels = [result.monitor, result.target, result.probe]
             stamp.add_metric(labels, result.started_at.timestamp())
             success.add_metric(labels, 1.0 if result.succeeded else 0.0)
-            if not result.succeeded:
-                continue
+            probe_success.add_metric(labels, 1.0 if result.succeeded else 0.0)
             for metric in metrics_of(result.probe):  # the registry's, at each scrape
-                value: Any = result.data.get(metric.key)
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    continue
+                value = run_value(metric, result.succeeded, result.data.get(metric.key))
+                if result.succeeded and value is None:
+                    continue  # this run has no such figure (an option not used)
                 name = family_name(metric)
                 if name not in families:
+                    dead = metric.down_value
+                    down = "NaN" if dead is None else dead * metric.to_base
                     families[name] = GaugeMetricFamily(
                         name,
-                        f"Latest successful {metric.name}, in base units",
+                        f"Latest {metric.name}, in base units (a failed run: {down})",
                         labels=["monitor", "target"],
                     )
                 families[name].add_metric(
-                    [result.monitor, result.target], float(value) * metric.to_base
+                    [result.monitor, result.target],
+                    math.nan if value is None else value * metric.to_base,
                 )
         yield from families.values()
         yield stamp
         yield success
+        yield probe_success
         runs = CounterMetricFamily(
             "iepm_runs", "Runs in the archive by outcome", labels=["monitor", "probe", "outcome"]
         )

@@ -41,8 +41,12 @@ from iepm.store.schema import studies as STUDIES
 MAX_CACHED = 512
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-# A stale copy is served (while refreshed) up to this many TTLs old, not older.
-STALE_SERVED_FOR = 10
+# A copy this share of its TTL old is refreshed in the background on the next request (it is
+# still served): a page read at least this often never expires. An expired copy is served
+# (while refreshed) up to STALE_SERVED_FOR TTLs old, not older: so a page is never older than
+# its TTL plus one refresh period, even after nobody looked for a while.
+REFRESH_AFTER = 0.5
+STALE_SERVED_FOR = 2
 
 
 class PeriodMeans(NamedTuple):
@@ -63,6 +67,7 @@ class Frame:
     target: list[str]
     outcome: list[str]
     values: dict[str, FloatArray]
+    error: list[str | None]  # why a run failed (None when it did not)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -88,9 +93,12 @@ class Queries:
         self.archive = Archive.open(url)
         self.engine: Engine = connect_engine(url)
         self.cache_ttl_s = cache_ttl_s
+        # Ages of cached copies are read on this clock (tests advance a fake one).
+        self.clock: Callable[[], float] = time.monotonic
         self._cache: dict[tuple[Any, ...], tuple[float, Any]] = {}
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
+        self._failed_at: dict[tuple[Any, ...], float] = {}  # last failed background refresh
 
     def close(self) -> None:
         self.engine.dispose()
@@ -99,9 +107,11 @@ class Queries:
     def cached(self, key: tuple[Any, ...], compute: Callable[[], T], scale: float = 1.0) -> T:
         """``compute()``, reused for ``cache_ttl_s`` × ``scale``: the archive grows once per
         cycle (minutes to hours), while a dashboard on a wall screen reloads every few seconds.
-        Computed by one request at a time: others wait for it. Once expired, a copy up to
-        ``STALE_SERVED_FOR`` TTLs old is still served while one background thread refreshes
-        it, so a page in use never makes a request wait; an older one is computed anew."""
+        Computed by one request at a time: others wait for it. A copy's age counts from when
+        its computing began. Past half its TTL, a request starts one background refresh and is
+        answered the copy (so a page in steady use is never older than its TTL); once expired,
+        a copy is served only while younger than ``STALE_SERVED_FOR`` TTLs (and refreshed), and
+        an older one is computed anew for the request."""
         ttl = self.cache_ttl_s * scale
         if ttl <= 0:
             return compute()
@@ -113,20 +123,29 @@ class Queries:
         with key_lock:
             with self._lock:
                 again = self._cache.get(key)
-            if again is not None and time.monotonic() - again[0] < ttl:
+            if again is not None and self.clock() - again[0] < ttl:
                 return again[1]  # type: ignore[no-any-return]
+            begun = self.clock()
             value = compute()
-            with self._lock:
-                if len(self._cache) > MAX_CACHED:
-                    self._cache.clear()
-                    self._key_locks.clear()
-                self._cache[key] = (time.monotonic(), value)
+            self.put(key, value, begun)
             return value
+
+    def put(self, key: tuple[Any, ...], value: Any, begun: float) -> None:
+        """Keep ``value`` under ``key`` as computed from ``begun`` (a ``clock()`` reading)."""
+        with self._lock:
+            if len(self._cache) > MAX_CACHED:
+                self._cache.clear()
+                self._key_locks.clear()
+            old = self._cache.get(key)
+            if old is None or old[0] <= begun:  # never replace a newer copy with an older one
+                self._cache[key] = (begun, value)
 
     def ready(self, key: tuple[Any, ...], compute: Callable[[], T], scale: float = 1.0) -> T | None:
         """What ``cached(key, compute)`` would return without computing anything in this
         thread (a stale copy starts its background refresh), or None when it would have to
-        compute: lets an async route answer a cached page on the event loop itself."""
+        compute: lets an async route answer a cached page on the event loop itself.
+        ``compute`` must not itself go through the cache under ``key``: it would be answered
+        the copy it is meant to replace."""
         ttl = self.cache_ttl_s * scale
         found, value = self._ready(key, compute, ttl) if ttl > 0 else (False, None)
         return value if found else None
@@ -135,28 +154,28 @@ class Queries:
         with self._lock:
             hit = self._cache.get(key)
             key_lock = self._key_locks.setdefault(key, threading.Lock())
-        age = time.monotonic() - hit[0] if hit is not None else math.inf
+        age = self.clock() - hit[0] if hit is not None else math.inf
         if hit is None or age > ttl * STALE_SERVED_FOR:
             return False, None  # type: ignore[return-value]  # computed for the request
-        if age >= ttl and key_lock.acquire(blocking=False):
-            # Stale: served while one background thread refreshes it.
+        failed = self._failed_at.get(key)
+        retry = failed is None or self.clock() - failed >= ttl * REFRESH_AFTER
+        if age >= ttl * REFRESH_AFTER and retry and key_lock.acquire(blocking=False):
+            # Ageing or stale: served while one background thread refreshes it.
             refresh = threading.Thread(target=self._refresh, args=(key, compute, key_lock))
             refresh.daemon = True
             refresh.start()
         return True, hit[1]
 
     def _refresh(self, key: tuple[Any, ...], compute: Callable[[], Any], lock: Any) -> None:
+        begun = self.clock()
         try:
-            value = compute()
-            with self._lock:
-                self._cache[key] = (time.monotonic(), value)
+            self.put(key, compute(), begun)
+            self._failed_at.pop(key, None)
         except Exception:
-            # The stale copy stays, and is refreshed again no sooner than one TTL from now.
+            # The stale copy stays (until STALE_SERVED_FOR TTLs, then requests see the error);
+            # the refresh is tried again no sooner than REFRESH_AFTER TTLs from now.
             log.exception("refreshing %s failed", key[0])
-            with self._lock:
-                old = self._cache.get(key)
-                if old is not None:
-                    self._cache[key] = (time.monotonic(), old[1])
+            self._failed_at[key] = self.clock()
         finally:
             lock.release()
 
@@ -186,6 +205,7 @@ class Queries:
                 RESULTS.c.monitor,
                 RESULTS.c.target,
                 RESULTS.c.outcome,
+                RESULTS.c.error,
                 *(_float(key) for key in keys),
             )
             .where(
@@ -198,7 +218,7 @@ class Queries:
         rows = self._rows(query)
         n = len(rows)
         values = {
-            key: np.array([np.nan if r[5 + i] is None else r[5 + i] for r in rows], dtype=float)
+            key: np.array([np.nan if r[6 + i] is None else r[6 + i] for r in rows], dtype=float)
             for i, key in enumerate(keys)
         }
         return Frame(
@@ -208,6 +228,7 @@ class Queries:
             target=[r[3] for r in rows],
             outcome=[r[4] for r in rows],
             values=values,
+            error=[r[5] if r[4] != "ok" else None for r in rows],
         )
 
     def documents(

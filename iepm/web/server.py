@@ -18,11 +18,13 @@ from iepm.errors import IepmError
 
 if TYPE_CHECKING:
     from iepm.scheduler import SchedulerHealth
+    from iepm.web.health import Thresholds
     from iepm.web.places import Places
 
 # Worker processes read the archive URL from here (uvicorn starts them from an import string).
 URL_ENV = "IEPM_SERVE_ARCHIVE"
 CONFIG_ENV = "IEPM_SERVE_CONFIG"
+THRESHOLDS_ENV = "IEPM_SERVE_THRESHOLDS"
 # Requests in flight get this long to finish on SIGINT/SIGTERM before connections are closed.
 GRACEFUL_SHUTDOWN_S = 10
 START_TIMEOUT_S = 15.0
@@ -46,12 +48,21 @@ def uvicorn_config(
     port: int,
     health: SchedulerHealth | None,
     places: Places | None = None,
+    thresholds: Thresholds | None = None,
+    cache_ttl_s: float = 30.0,
 ) -> uvicorn.Config:
     from iepm.web.app import create_app
 
     tune_interpreter()
+    app = create_app(
+        archive_url,
+        health=health,
+        places=places,
+        thresholds=thresholds,
+        cache_ttl_s=cache_ttl_s,
+    )
     return uvicorn.Config(
-        create_app(archive_url, health=health, places=places),
+        app,
         host=host,
         port=port,
         log_level="warning",
@@ -83,11 +94,13 @@ def serve_in_background(
     port: int = 8080,
     health: SchedulerHealth | None = None,
     places: Places | None = None,
+    cache_ttl_s: float = 30.0,
 ) -> ServerHandle:
     """Serve the dashboard from a thread (the demo does this beside its scheduler, passing the
     scheduler's ``health`` so /metrics shows its archive write failures). Returns once the
     server accepts connections; raises IepmError if it could not start."""
-    server = uvicorn.Server(uvicorn_config(archive_url, host, port, health, places))
+    config = uvicorn_config(archive_url, host, port, health, places, cache_ttl_s=cache_ttl_s)
+    server = uvicorn.Server(config)
     # Signals belong to the main program (the demo stops us with stop()).
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, name=f"iepm-web-{port}", daemon=True)
@@ -125,12 +138,15 @@ class TcpConfig(uvicorn.Config):
 
 def app_from_env() -> object:
     """The app of one worker process (``--workers N``): its archive URL is in the environment,
-    and the path of targets.toml (``--config``) when given."""
+    and the paths of targets.toml (``--config``) and thresholds.toml (``--thresholds``) when
+    given."""
     from iepm.config import load_config
     from iepm.web.app import create_app
+    from iepm.web.health import load_thresholds
     from iepm.web.places import places_of
 
     tune_interpreter()
     config = os.environ.get(CONFIG_ENV)
     places = places_of(load_config(config)) if config else None
-    return create_app(os.environ[URL_ENV], places=places)
+    thresholds = load_thresholds(os.environ.get(THRESHOLDS_ENV))
+    return create_app(os.environ[URL_ENV], places=places, thresholds=thresholds)

@@ -6,8 +6,9 @@
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from iepm.probes import all_metrics
@@ -17,6 +18,17 @@ from iepm.web.pages import aggregate, compare, overview, target
 from iepm.web.tables import Table
 
 Context = Annotated[WebContext, Depends(web)]
+Window = Annotated[
+    Literal["1h", "6h", "1d", "7d", "28d", "90d", "365d"],
+    Query(description="the span the target page shows, ending at until (or now)"),
+]
+FitModel = Annotated[
+    Literal["auto", "power", "linear", "origin"],
+    Query(
+        description="auto: a power law y = a·x^b when every value is positive, else a line "
+        "y = c + m·x; origin: y = m·x (assumes y grows with x)"
+    ),
+]
 
 
 class View(StrEnum):
@@ -75,34 +87,41 @@ def router() -> APIRouter:
 
     def overview_data(w: WebContext, until: datetime | None) -> overview.Overview:
         return w.page_data(  # type: ignore[no-any-return]
-            ("overview",), until, lambda now: overview.overview(w.queries, now, w.places)
+            ("overview",),
+            until,
+            lambda now: overview.overview(
+                w.queries, now, w.places, ahead=until is None, thresholds=w.thresholds
+            ),
         )
 
     def overview_html(w: WebContext, request: Request, until: datetime | None) -> str:
+        """The overview rendered from figures computed for it now (never a cached copy: this
+        is what refreshes the shared page), or from those at ``until``."""
         now = now_of(until)
-
-        def render() -> str:
-            context = {
-                **_context(overview_data(w, until)),
-                "request": request,
-                "now": now,
-                "until": until,
-            }
-            return w.templates.get_template("overview.html").render(context)
-
-        if until is not None:
-            return render()
-        # Everyone lands here: the rendered page is shared (refreshed every cache_ttl_s).
-        return w.queries.cached(("overview-html",), render)
+        if until is None:
+            begun = w.queries.clock()
+            data = overview.overview(w.queries, now, w.places, ahead=True, thresholds=w.thresholds)
+            w.queries.put(("overview", "now"), data, begun)  # the downloads agree with the page
+        else:
+            data = overview_data(w, until)
+        context = {**_context(data), "request": request, "now": now, "until": until}
+        return w.templates.get_template("overview.html").render(context)
 
     @pages.get("/", response_class=HTMLResponse, summary="Overview page")
     async def overview_page(w: Context, request: Request, until: Until = None) -> HTMLResponse:
-        # A shared page that is ready is answered on the event loop; computing goes to a thread.
-        if until is None:
-            html = w.queries.ready(("overview-html",), lambda: overview_html(w, request, None))
-            if html is not None:
-                return HTMLResponse(html)
-        return HTMLResponse(await w.computed(overview_html, w, request, until))
+        if until is not None:
+            return HTMLResponse(await w.computed(overview_html, w, request, until))
+        # Everyone lands here: the rendered page is shared (refreshed every cache_ttl_s). A
+        # page that is ready is answered on the event loop; computing goes to a thread.
+        key = ("overview-html",)
+
+        def fresh() -> str:
+            return overview_html(w, request, None)
+
+        html = w.queries.ready(key, fresh)
+        if html is None:
+            html = await w.computed(w.queries.cached, key, fresh)
+        return HTMLResponse(html)
 
     @pages.get("/tables/{name}", summary="Download an overview table")
     def overview_table(
@@ -113,35 +132,44 @@ def router() -> APIRouter:
         return download(table, format, f"until={format_time(now)}", "overview")
 
     def target_data(
-        w: WebContext, name: str, monitor: str | None, until: datetime | None
+        w: WebContext, name: str, monitor: str | None, until: datetime | None, window: str
     ) -> target.TargetPage:
         return w.page_data(  # type: ignore[no-any-return]
-            ("target", name, monitor),
+            ("target", name, monitor, window),
             until,
-            lambda end: target.target_page(w.queries, name, monitor, end),
+            lambda end: target.target_page(w.queries, name, monitor, end, target.WINDOWS[window]),
         )
 
     def target_html(
-        w: WebContext, request: Request, name: str, monitor: str | None, until: datetime | None
+        w: WebContext,
+        request: Request,
+        name: str,
+        monitor: str | None,
+        until: datetime | None,
+        window: str,
     ) -> str:
+        """The target page rendered from figures computed for it now (never a cached copy:
+        this is what refreshes the shared page), or from those at ``until``."""
         w.known_target(name)
         w.known_monitor(name, monitor)
-        now = now_of(until)
-
-        def render(page: target.TargetPage) -> str:
-            context = {**_context(page), "request": request, "now": now, "until": until}
-            return w.templates.get_template("target.html").render(
-                {**context, "window_end": page.until}
-            )
-
-        if until is not None:
-            return render(target_data(w, name, monitor, until))
-        # Only the rendered page is kept (one string, not the figures' many small objects), and
-        # shared (its links carry the query string, hence the key).
-        return w.queries.cached(
-            ("target-html", name, monitor, request.url.query),
-            lambda: render(target.target_page(w.queries, name, monitor, datetime.now(UTC))),
-        )
+        if until is None:
+            span = target.WINDOWS[window]
+            page = target.target_page(w.queries, name, monitor, datetime.now(UTC), span)
+        else:
+            page = target_data(w, name, monitor, until, window)
+        context = {
+            **_context(page),
+            "request": request,
+            "now": now_of(until),
+            "until": until,
+            "window": window,
+            # The picker's links: this page's query with another window.
+            "window_links": [
+                (span, "?" + urlencode({**request.query_params, "window": span}))
+                for span in target.WINDOWS
+            ],
+        }
+        return w.templates.get_template("target.html").render({**context, "window_end": page.until})
 
     @pages.get("/targets/{target}", response_class=HTMLResponse, summary="Target page")
     async def target_page(
@@ -150,14 +178,23 @@ def router() -> APIRouter:
         target: str,
         monitor: str | None = None,
         until: Until = None,
+        window: Window = "28d",
     ) -> HTMLResponse:
-        # A shared page that is ready is answered on the event loop; computing goes to a thread.
-        if until is None:
-            key = ("target-html", target, monitor, request.url.query)
-            html = w.queries.ready(key, lambda: target_html(w, request, target, monitor, None))
-            if html is not None:
-                return HTMLResponse(html)
-        return HTMLResponse(await w.computed(target_html, w, request, target, monitor, until))
+        if until is not None:
+            html = await w.computed(target_html, w, request, target, monitor, until, window)
+            return HTMLResponse(html)
+        # Only the rendered page is kept (one string, not the figures' many small objects), and
+        # shared (its links carry the query string, hence the key). A page that is ready is
+        # answered on the event loop; computing goes to a thread.
+        key = ("target-html", target, monitor, request.url.query)
+
+        def fresh() -> str:
+            return target_html(w, request, target, monitor, None, window)
+
+        html = w.queries.ready(key, fresh)
+        if html is None:
+            html = await w.computed(w.queries.cached, key, fresh)
+        return HTMLResponse(html)
 
     @pages.get("/targets/{target}/tables/{name}", summary="Download a target-page table")
     def target_table(
@@ -167,10 +204,11 @@ def router() -> APIRouter:
         format: TableFormat = TableFormat.csv,
         monitor: str | None = None,
         until: Until = None,
+        window: Window = "28d",
     ) -> Response:
         w.known_target(target)
         w.known_monitor(target, monitor)
-        page = target_data(w, target, monitor, until)
+        page = target_data(w, target, monitor, until, window)
         selection = f"target={target} monitor={page.monitor} until={format_time(page.until)}"
         return download(pick(page.tables, name), format, selection, target)
 
@@ -223,16 +261,22 @@ def router() -> APIRouter:
         return download(pick(page.tables, name), format, selection, target)
 
     def compare_data(
-        w: WebContext, x: str, y: str, mode: compare.Mode, name: str | None, until: datetime | None
+        w: WebContext,
+        x: str,
+        y: str,
+        mode: compare.Mode,
+        name: str | None,
+        until: datetime | None,
+        fit: compare.Fit,
     ) -> compare.ComparePage:
         if mode == "time":
             if name is None:
                 raise HTTPException(422, "mode=time compares runs of one target: give target=")
             w.known_target(name)
         return w.page_data(  # type: ignore[no-any-return]
-            ("compare", x, y, mode, name),
+            ("compare", x, y, mode, name, fit),
             until,
-            lambda end: compare.compare_page(w.queries, x, y, mode, name, end),
+            lambda end: compare.compare_page(w.queries, x, y, mode, name, end, model=fit),
         )
 
     @pages.get("/compare", response_class=HTMLResponse, summary="Compare two metrics")
@@ -244,8 +288,9 @@ def router() -> APIRouter:
         mode: Literal["targets", "time"] = "targets",
         target: str | None = None,
         until: Until = None,
+        fit: FitModel = "auto",
     ) -> HTMLResponse:
-        page = compare_data(w, x.value, y.value, mode, target, until)
+        page = compare_data(w, x.value, y.value, mode, target, until, fit)
         return w.templates.TemplateResponse(
             request,
             "compare.html",
@@ -267,8 +312,9 @@ def router() -> APIRouter:
         mode: Literal["targets", "time"] = "targets",
         target: str | None = None,
         until: Until = None,
+        fit: FitModel = "auto",
     ) -> Response:
-        page = compare_data(w, x.value, y.value, mode, target, until)
+        page = compare_data(w, x.value, y.value, mode, target, until, fit)
         selection = f"x={x.value} y={y.value} mode={mode} target={target or 'all'}"
         return download(pick(page.tables, name), format, selection, "compare")
 

@@ -125,7 +125,7 @@ class Chart:
 
     id: str
     title: str
-    kind: Literal["time", "bars", "line", "scatter"]
+    kind: Literal["time", "bars", "line", "scatter", "smoke"]
     x: Sequence[float]
     series: list[Series]
     table: str
@@ -133,7 +133,12 @@ class Chart:
     events: list[float] = field(default_factory=list)
     # Step-change alerts of the plotted metrics: (change epoch s, "metric up|down cause").
     alerts: list[tuple[float, str]] = field(default_factory=list)
+    # Periods the chart's probe failed: (first failed start, next success's start or the
+    # window's end, "outcome: error" of the first failed run), shaded with the reason on hover.
+    outages: list[tuple[float, float, str]] = field(default_factory=list)
     note: str = ""
+    # Per-x figures a kind of chart needs beyond its series (the smoke chart's loss).
+    extra: dict[str, list[float | None]] = field(default_factory=dict)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -152,6 +157,8 @@ class Chart:
             "xLabel": self.x_label,
             "events": self.events,
             "alerts": [{"t": t, "label": label} for t, label in self.alerts],
+            "outages": [{"from": a, "to": b, "reason": why} for a, b, why in self.outages],
+            **{name: json_list(values) for name, values in self.extra.items()},
         }
 
 

@@ -343,3 +343,147 @@ def test_bad_alert_and_adaptive_settings_are_refused_with_their_line(
     with pytest.raises(ConfigError, match=r"<config>:[0-9]+: ") as err:
         load_config_text(f'[monitor]\nname = "m"\n{fields}\n')
     assert message in str(err.value)
+
+
+# cern in `make demo` (recorded 2026-11-24, cycles 30 s apart): its route switched to the
+# backup path between two cycles, and its ping RTT stepped 148 → 192 ms in the same cycle.
+DEMO_START = datetime(2026, 11, 24, 23, 24, 56, tzinfo=UTC)
+DEMO_RTT = [148.474, 148.153, 148.074, 192.26, 192.298, 193.461, 192.417, 192.413]
+EURO = ["198.18.0.2", "198.18.0.3", "198.18.0.4", "198.18.0.12"]
+BACKUP = ["198.18.0.2", "198.18.0.3", "198.18.0.6", "198.18.0.12"]
+
+
+def _demo_cycles(calm: int) -> list[Result]:
+    """``calm`` cycles on the old route at 148 ms (seeded noise), then the recorded demo."""
+    rng = np.random.default_rng(5)
+    rtts = [148.0 + float(x) for x in rng.uniform(0, 0.6, calm)] + DEMO_RTT
+    out = []
+    for i, rtt in enumerate(rtts):
+        when = DEMO_START + timedelta(seconds=30 * (i - calm))
+        hops = EURO if i < calm + 3 else BACKUP
+        trace = {
+            "reached": True,
+            "hops": [{"ttl": n + 1, "address": a} for n, a in enumerate(hops)],
+        }
+        out.append(result("traceroute", when, trace, target="cern"))
+        ping = {"rtt_avg_ms": rtt, "loss_percent": 0.0, "packets_sent": 5, "packets_received": 5}
+        out.append(result("ping", when + timedelta(seconds=8), ping, target="cern"))
+    return out
+
+
+@pytest.mark.parametrize("calm", [0, 30])  # 0: as the demo had it, three cycles in
+def test_the_demos_route_switch_is_one_alert_caused_by_the_route_at_the_step(
+    tmp_path: Path, calm: int
+) -> None:
+    results = _demo_cycles(calm)
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        watcher = AlertWatcher(archive, "mon")
+        feed(archive, watcher, results)
+        stored = load_alerts(archive)
+    assert len(stored) == 1, [a.summary for a in stored]
+    alert = stored[0]
+    first_new = next(r for r in results if r.probe == "ping" and r.data["rtt_avg_ms"] > 190)
+    # The step is placed at the first sample of the new level (the detector confirms it a few
+    # samples later), so the traceroute of the same cycle is the route's change.
+    assert alert.change_at == first_new.started_at
+    assert alert.cause == "route", alert.details
+    assert alert.details["route"]["after"] == BACKUP
+    assert alert.details["samples_to_alert"] <= 3
+
+
+def _scenario_cycle(
+    rng: np.random.Generator, when: datetime, cycle: int, events: dict[str, int]
+) -> list[Result]:
+    """One cycle of the demo's scenario for three paths: cern's route switches at cycle
+    ``events["switch"]`` (148 → 192 ms), fnal's bottleneck drops from 70 to 14 Mbit/s at
+    ``events["step"]``, ihep's link goes down at ``events["down"]``."""
+    out = []
+    for target, rtt, rate in (("cern", 148.0, 40e6), ("fnal", 50.3, 70e6), ("ihep", 290.0, 2e6)):
+        switched = target == "cern" and cycle >= events["switch"]
+        down = target == "ihep" and cycle >= events["down"]
+        stepped = target == "fnal" and cycle >= events["step"]
+        hops = BACKUP if switched else EURO
+        trace = {"reached": not down, "hops": [{"ttl": 1, "address": h} for h in hops]}
+        out.append(
+            result("traceroute", when, trace, target=target)
+            if not down
+            else result(
+                "traceroute",
+                when,
+                trace,
+                target=target,
+                outcome=Outcome.FAILED,
+                succeeded=False,
+                error="traceroute did not reach ihep",
+            )
+        )
+        level = rtt + (44.0 if switched else 0.0)
+        ping = {
+            "rtt_avg_ms": level + float(rng.uniform(0, 0.6)),
+            "loss_percent": 0.0,
+            "packets_sent": 5,
+            "packets_received": 5,
+        }
+        if down:
+            dead = {"packets_sent": 5, "packets_received": 0, "loss_percent": 100.0}
+            out.append(
+                result(
+                    "ping",
+                    when + timedelta(seconds=8),
+                    dead,
+                    target=target,
+                    outcome=Outcome.FAILED,
+                    succeeded=False,
+                    error="ping to ihep: no reply",
+                )
+            )
+            out.append(
+                result(
+                    "iperf3",
+                    when + timedelta(seconds=15),
+                    {},
+                    target=target,
+                    outcome=Outcome.SKIPPED,
+                    succeeded=False,
+                    error="skipped because ping to ihep failed",
+                )
+            )
+            continue
+        out.append(result("ping", when + timedelta(seconds=8), ping, target=target))
+        throughput = (rate / 5 if stepped else rate) * float(rng.uniform(0.93, 1.05))
+        out.append(
+            result(
+                "iperf3",
+                when + timedelta(seconds=15),
+                {"throughput_bps": throughput},
+                target=target,
+                params={"streams": 1},
+            )
+        )
+    return out
+
+
+def test_the_demo_scenario_gives_one_alert_per_event_with_its_cause_within_3_cycles(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(9)
+    events = {"switch": 30, "step": 40, "down": 50}
+    start = datetime(2026, 11, 24, 20, 0, tzinfo=UTC)
+    cycles = [start + timedelta(seconds=30 * i) for i in range(60)]
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        watcher = AlertWatcher(archive, "mon")
+        for i, when in enumerate(cycles):
+            feed(archive, watcher, _scenario_cycle(rng, when, i, events))
+        stored = load_alerts(archive)
+    found = {(a.target, a.metric): a for a in stored}
+    assert len(stored) == 3, [a.summary for a in stored]  # none in the calm 30 cycles either
+    expected = {
+        ("cern", "rtt_avg_ms"): (events["switch"], "up", "route"),
+        ("fnal", "throughput_bps"): (events["step"], "down", "unknown"),
+        ("ihep", "loss_percent"): (events["down"], "up", "unknown"),
+    }
+    for key, (cycle, direction, cause) in expected.items():
+        alert = found[key]
+        assert (alert.direction, alert.cause) == (direction, cause), alert.summary
+        assert cycles[cycle] <= alert.change_at < cycles[cycle + 1]
+        assert alert.details["samples_to_alert"] <= 3

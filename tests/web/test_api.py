@@ -268,7 +268,8 @@ def test_overview_share_better_and_outcome_counts(client: TestClient, archive: A
 
 
 def test_compare_fit_through_origin(client: TestClient, archive: Archive) -> None:
-    url = f"/compare/tables/points?x=ping.rtt_avg_ms&y=iperf3.throughput_bps&until={END}"
+    # Through the origin when asked for (the default no longer assumes y grows with x).
+    url = f"/compare/tables/points?x=ping.rtt_avg_ms&y=iperf3.throughput_bps&until={END}&fit=origin"
     points = csv_rows(client, url)
     expected = {}
     for target, monitor in [

@@ -123,3 +123,86 @@ def test_aggregation_views(page: Any, server: str, view: str, series: int) -> No
     assert series_count(page, "agg") == series
     assert page.evaluate(PAINTED, "agg") > 500
     shoot(page, f"aggregate-{view}")
+
+
+def test_api_docs_render_with_no_route_out(page: Any, server: str) -> None:
+    # The page fixture aborts every request off 127.0.0.1 (and fails on the error it logs):
+    # Swagger UI must come from the server itself.
+    page.goto(f"{server}/docs")
+    page.locator(".opblock-summary-path", has_text="/api/v1/results").first.wait_for()
+    assert page.locator(".opblock").count() >= 5
+
+
+def test_an_outage_is_shaded_and_says_why_on_hover(page: Any, server: str) -> None:
+    page.goto(f"{server}/targets/kek-3?until={END}")
+    page.wait_for_function("window.iepmCharts && window.iepmCharts.loss")
+    spec = page.evaluate(
+        "JSON.parse([...document.querySelectorAll('script.chart-spec')]"
+        ".find(s => s.dataset.target === 'chart-loss').textContent)"
+    )
+    outage = spec["outages"][-1]
+    assert outage["reason"].startswith("timeout: ping to kek-3")
+    # Hover the middle of the outage: the chart's reason line names it.
+    page.locator("#fig-loss").scroll_into_view_if_needed()
+    x, y = page.evaluate(
+        """t => { const u = window.iepmCharts.loss, r = u.over.getBoundingClientRect();
+                  return [r.left + u.valToPos(t, 'x'), r.top + r.height / 2]; }""",
+        (outage["from"] + outage["to"]) / 2,
+    )
+    page.mouse.move(x, y)
+    reason = page.locator("#fig-loss .reason")
+    reason.filter(has_text="ping to kek-3 did not finish").wait_for()
+    assert " UTC: timeout" in reason.inner_text()
+    page.mouse.move(5, 5)
+    shoot(page, "outage")
+    # The smoke chart: bands and medians painted.
+    page.wait_for_function("window.iepmCharts.smoke")
+    assert page.evaluate(PAINTED, "smoke") > 500
+
+
+def test_the_overview_updates_by_itself_when_a_path_goes_down(page: Any, tmp_path: Path) -> None:
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from iepm.results import Outcome
+    from iepm.store import Archive
+
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    rng = random.Random(2)
+    now = datetime.now(UTC)
+    archive = Archive.open(url)
+    archive.add(data._ping(rng, "slac-mon", "cern-1", now - timedelta(minutes=5)))
+    handle = serve_in_background(url, "127.0.0.1", free_port(), cache_ttl_s=1.0)
+    try:
+        # Refresh every second (the picker's choice, kept in the browser).
+        page.add_init_script("window.localStorage.setItem('iepm.refresh', '1')")
+        page.goto(handle.url)
+        assert page.locator("#refresh").input_value() == "1"
+        assert page.locator("#grid a.chip.failed").count() == 0
+        down = data._ping(rng, "slac-mon", "cern-1", datetime.now(UTC))
+        archive.add(data._failed(down, Outcome.TIMEOUT, "ping to cern-1 did not finish"))
+        # No reload by the test: the page reloads itself, the cache refreshes within its TTL.
+        chip = page.locator("#grid a.chip.failed[data-metric='ping.loss_percent']")
+        chip.wait_for(timeout=15_000)
+        assert "ping to cern-1 did not finish" in (chip.get_attribute("title") or "")
+    finally:
+        handle.stop()
+        archive.close()
+
+
+def test_time_axes_are_24_hour_utc(page: Any, server: str) -> None:
+    from datetime import UTC, datetime
+
+    page.goto(f"{server}/targets/cern-1?until={END}&window=1d")
+    page.wait_for_function("window.iepmCharts && window.iepmCharts.rtt")
+    ticks = (
+        "([t, incr]) => { const u = window.iepmCharts.rtt;"
+        " return u.axes[0].values(u, t, 0, 50, incr); }"
+    )
+    one = datetime(2026, 11, 20, 13, tzinfo=UTC).timestamp()
+    midnight = datetime(2026, 11, 20, tzinfo=UTC).timestamp()
+    # Hourly ticks: 24-hour UTC, the date where a day starts (and on the first tick).
+    hourly = page.evaluate(ticks, [[one, midnight], 3600])
+    assert hourly == ["2026-11-20\n13:00", "2026-11-20\n00:00"]
+    daily = page.evaluate(ticks, [[midnight, midnight + 86400], 86400])
+    assert daily == ["2026-11-20", "11-21"]

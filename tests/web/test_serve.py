@@ -320,3 +320,14 @@ def test_pages_are_computed_by_a_few_threads_of_their_own(
     assert len(computing) == 12
     assert all(name.startswith("iepm-page") for name in computing)
     assert len(set(computing)) <= context.PAGE_THREADS
+
+
+def test_api_docs_load_nothing_from_outside(client: TestClient) -> None:
+    import re
+
+    html = client.get("/docs").text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert assets and all(a.startswith("/static/docs/") for a in assets), assets
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset
+    assert "url: '/openapi.json'" in html

@@ -1,5 +1,10 @@
 """The compare page: one metric against another, as one point per path (28-day medians) or one
-per pair of runs of one target, with a least-squares fit through the origin."""
+per pair of runs of one target, with a least-squares fit.
+
+The default fit assumes no direction: a power law y = a·x^b (a line in log-log, so b < 0 when
+y falls as x grows: TCP throughput ∝ 1/RTT, Mathis et al.) when every value is positive, else
+a straight line with an intercept. Either has R² ≥ 0 by construction; the fit through the
+origin (y = b·x, which assumes y grows with x) is there when asked for."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from iepm.web.queries import Frame, Queries
 from iepm.web.tables import HISTORY, Chart, Series, Table, col
 
 Mode = Literal["targets", "time"]
+Fit = Literal["auto", "power", "linear", "origin"]
 
 
 class Point(NamedTuple):
@@ -28,9 +34,63 @@ class Point(NamedTuple):
 
 
 class FitRow(NamedTuple):
+    model: str
     slope: float | None
+    intercept: float | None
+    coefficient: float | None
+    exponent: float | None
     r_squared: float | None
     n: int
+
+    def at(self, x: float) -> float | None:
+        """The fitted y at ``x`` (None where the model has none)."""
+        if self.model == "power":
+            if self.coefficient is None or self.exponent is None or x <= 0:
+                return None
+            return self.coefficient * x**self.exponent
+        if self.slope is None:
+            return None
+        return (self.intercept or 0.0) + self.slope * x
+
+    @property
+    def text(self) -> str:
+        r2 = "" if self.r_squared is None else f", R² = {self.r_squared:.3f}"
+        if self.model == "power" and self.coefficient is not None:
+            return f"y = {self.coefficient:.4g}·x^{self.exponent:.3g}{r2} (log-log)"
+        if self.model == "linear" and self.slope is not None:
+            return f"y = {self.intercept:.4g} + {self.slope:.4g}·x{r2}"
+        if self.slope is not None:
+            return f"y = {self.slope:.4g}·x{r2}"
+        return ""
+
+
+def fit_points(x: FloatArray, y: FloatArray, model: Fit) -> FitRow:
+    """The least-squares fit ``model`` asks for ("auto": power law when every value is
+    positive and there are 3 points, else a line with an intercept)."""
+    n = len(x)
+    if model == "auto":
+        model = "power" if n >= 3 and bool(np.all(x > 0) and np.all(y > 0)) else "linear"
+    if model == "origin":
+        slope, r2 = through_origin(x, y)
+        return FitRow("origin", slope, None, None, None, r2, n)
+    if model == "power":
+        keep = (x > 0) & (y > 0)
+        if keep.sum() < 2 or np.ptp(np.log(x[keep])) == 0:
+            return FitRow("power", None, None, None, None, None, n)
+        b, log_a, r2 = _line(np.log(x[keep]), np.log(y[keep]))
+        return FitRow("power", None, None, float(np.exp(log_a)), b, r2, int(keep.sum()))
+    if n < 2 or np.ptp(x) == 0:
+        return FitRow("linear", None, None, None, None, None, n)
+    slope, intercept, r2 = _line(x, y)
+    return FitRow("linear", slope, intercept, None, None, r2, n)
+
+
+def _line(x: FloatArray, y: FloatArray) -> tuple[float, float, float | None]:
+    """Ordinary least squares y = c + m·x: (m, c, R²)."""
+    m, c = np.polyfit(x, y, 1)
+    sst = float(np.sum((y - y.mean()) ** 2))
+    sse = float(np.sum((y - (c + m * x)) ** 2))
+    return float(m), float(c), (1.0 - sse / sst) if sst > 0 else None
 
 
 @dataclass
@@ -39,8 +99,7 @@ class ComparePage:
     y: str
     mode: Mode
     target: str | None
-    slope: float | None
-    r2: float | None
+    fit: FitRow
     tables: dict[str, Table]
     charts: list[Chart]
 
@@ -92,9 +151,11 @@ def compare_page(
     target: str | None,
     now: datetime,
     pair_s: float = 3600.0,
+    model: Fit = "auto",
 ) -> ComparePage:
     """Scatter of two metrics: one point per target×monitor (medians over 28 days), or one per
-    pair of runs against one target no more than ``pair_s`` apart (same cycle)."""
+    pair of runs against one target no more than ``pair_s`` apart (same cycle), and the fit
+    ``model``."""
     x_metric, y_metric = metric_named(x_name), metric_named(y_name)
     probes = sorted({x_metric.probe, y_metric.probe})
     keys = sorted({x_metric.key, y_metric.key})
@@ -107,7 +168,7 @@ def compare_page(
         points = _run_points(frame, x_metric, y_metric, pair_s)
     x = np.array([p.x for p in points], dtype=float)
     y = np.array([p.y for p in points], dtype=float)
-    slope, r2 = through_origin(x, y)
+    fitted = fit_points(x, y, model)
     label = "path (target, monitor)" if mode == "targets" else "started_at of the y run, UTC"
     table = Table(
         "points",
@@ -117,37 +178,46 @@ def compare_page(
     )
     fit = Table(
         "fit",
-        "least-squares fit through the origin",
+        f"least-squares fit ({fitted.model})",
         [
-            col("slope", f"b in {y_name} = b * {x_name}"),
-            col("r_squared", "1 - SSE / sum of squares about the mean of y"),
-            col("n", "points"),
+            col("model", "power: y = a·x^b (in log-log); linear: y = c + m·x; origin: y = m·x"),
+            col("slope", f"m in {y_name} = [c +] m * {x_name}"),
+            col("intercept", "c of the linear fit"),
+            col("coefficient", "a of the power law"),
+            col("exponent", "b of the power law (negative: y falls as x grows)"),
+            col("r_squared", "1 - SSE / sum of squares about the mean (of log y: power law)"),
+            col("n", "points fitted"),
         ],
-        [FitRow(slope, r2, len(points))],
+        [fitted],
     )
     order = np.argsort(x, kind="stable")
-    # A first point at x = 0 (no observation) starts the fit line at the origin.
-    xs = [0.0, *(float(v) for v in x[order])]
+    # The line is drawn over a grid across the points (a curve for the power law), from the
+    # origin for the fit through it; the grid's own x have no observation.
+    low = 0.0 if fitted.model == "origin" or not len(x) else float(x.min())
+    grid = np.linspace(low, float(x.max()), 48) if len(x) else np.array([])
+    xs = np.concatenate([x[order], grid])
+    ys = np.concatenate([y[order], np.full(len(grid), np.nan)])
+    by_x = np.argsort(xs, kind="stable")
+    xs, ys = xs[by_x], ys[by_x]
     chart = Chart(
         "scatter",
         f"{y_metric.label} against {x_metric.label}",
         "scatter",
-        xs,
+        [float(v) for v in xs],
         [
-            Series(y_name, [None, *(float(v) for v in y[order])]),
-            Series("fit through origin", [None if slope is None else slope * v for v in xs]),
+            Series(y_name, [None if np.isnan(v) else float(v) for v in ys]),
+            Series(f"fit ({fitted.model})", [fitted.at(float(v)) for v in xs]),
         ],
         "points",
         x_label=x_name,
-        note="" if slope is None else f"y = {slope:.4g}·x, R² = {r2:.3f}" if r2 is not None else "",
+        note=fitted.text,
     )
     return ComparePage(
         x=x_name,
         y=y_name,
         mode=mode,
         target=target,
-        slope=slope,
-        r2=r2,
+        fit=fitted,
         tables={"points": table, "fit": fit},
         charts=[chart] if points else [],
     )

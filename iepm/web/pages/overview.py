@@ -15,6 +15,7 @@ from iepm.analysis.cause import ROUTE_PROBE
 from iepm.analysis.statistics import at, share_better
 from iepm.probes import all_metrics
 from iepm.probes.base import Metric
+from iepm.web.health import Thresholds, Verdict, judge
 from iepm.web.pages.routes import RouteMap, route_map
 from iepm.web.places import GROUP_TEXT, NOWHERE, SITE_TEXT, Places, sort_key
 from iepm.web.queries import Queries
@@ -35,6 +36,12 @@ def capacity_metric() -> Metric | None:
     return next((m for m in headline_metrics() if m.better == "higher"), None)
 
 
+# A latest value worse than this share of its path's own 28 days is marked unusual (beside
+# the colour, which the thresholds decide).
+UNUSUAL = 0.9
+COLOUR = {"ok": "good", "warn": "fair", "critical": "poor", "nodata": "nodata"}
+
+
 @dataclass
 class Cell:
     metric: Metric
@@ -43,16 +50,18 @@ class Cell:
     value: float | None
     share_better: float | None
     count: int
+    verdict: Verdict
+    error: str | None = None
 
     @property
     def status(self) -> str:
-        if self.outcome != "ok":
-            return "failed"
-        if self.share_better is None:
-            return "nodata"
-        if self.share_better >= 0.9:
-            return "poor"
-        return "fair" if self.share_better >= 0.5 else "good"
+        """The cell's colour: failed, or the thresholds' verdict (good, fair, poor, nodata)."""
+        return "failed" if self.outcome != "ok" else COLOUR[self.verdict.status]
+
+    @property
+    def unusual(self) -> bool:
+        """Worse than UNUSUAL of its own last 28 days: the path's second mark."""
+        return self.share_better is not None and self.share_better >= UNUSUAL
 
 
 class TargetLine(NamedTuple):
@@ -76,6 +85,9 @@ class GridRow(NamedTuple):
     age_s: int
     group: str | None
     site: str | None
+    health: str
+    reference: float | None
+    error: str | None
 
 
 class OutcomeRow(NamedTuple):
@@ -112,12 +124,25 @@ class Overview:
         return list(dict.fromkeys(m.probe for m in self.headline))
 
 
-def overview(q: Queries, now: datetime, places: Places) -> Overview:
+def overview(
+    q: Queries,
+    now: datetime,
+    places: Places,
+    *,
+    ahead: bool = False,
+    thresholds: Thresholds | None = None,
+) -> Overview:
+    """The overview of the 28 days before ``now``; ``ahead``: also results started up to AHEAD
+    after it (a live page, whose clock may trail a monitor's; never a page asked for a past
+    moment, which must show nothing after it). Cells are coloured by ``thresholds`` (the
+    registry's defaults with a site's overrides)."""
+    thresholds = thresholds or Thresholds()
     since = now - HISTORY
+    end = now + AHEAD if ahead else now
     headline = headline_metrics()
     keys = sorted({m.key for m in headline})
     probes = sorted({m.probe for m in headline})
-    frame = q.frame(probes, keys, since=since, until=now + AHEAD)
+    frame = q.frame(probes, keys, since=since, until=end)
     paths: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i in range(len(frame)):
         paths[(frame.monitor[i], frame.target[i], frame.probe[i])].append(i)
@@ -132,6 +157,7 @@ def overview(q: Queries, now: datetime, places: Places) -> Overview:
             vals = frame.values[metric.key][ids]
             history = vals[ok[ids] & np.isfinite(vals)]
             latest = frame.values[metric.key][last] if ok[last] else math.nan
+            rule = thresholds.rule(metric, target, places.get(target, NOWHERE).group)
             cells[(monitor, target)][metric.name] = Cell(
                 metric=metric,
                 started_at=at(frame.t[last]),
@@ -141,6 +167,8 @@ def overview(q: Queries, now: datetime, places: Places) -> Overview:
                     share_better(history, latest, metric.better) if math.isfinite(latest) else None
                 ),
                 count=len(history),
+                verdict=judge(metric, rule, num(latest), history),
+                error=frame.error[last],
             )
     monitors = sorted({m for m, _ in cells})
     targets = sorted({t for _, t in cells}, key=lambda t: sort_key(places, t))
@@ -164,13 +192,16 @@ def overview(q: Queries, now: datetime, places: Places) -> Overview:
             round((now - cell.started_at).total_seconds()),
             places.get(target, NOWHERE).group,
             places.get(target, NOWHERE).site,
+            cell.status,
+            cell.verdict.reference,
+            cell.error,
         )
         for (monitor, target), by_metric in sorted(cells.items())
         for name, cell in by_metric.items()
     ]
     grid = Table(
         "paths",
-        "latest result per path against its last 28 days",
+        "latest result per path: health by thresholds, and against its own last 28 days",
         [
             col("monitor", "monitoring host"),
             col("target", "target name"),
@@ -183,6 +214,9 @@ def overview(q: Queries, now: datetime, places: Places) -> Overview:
             col("age_s", "seconds since the latest result started"),
             col("group", GROUP_TEXT),
             col("site", SITE_TEXT),
+            col("health", "good, fair, poor by the metric's thresholds; failed; nodata"),
+            col("reference", "baseline or expected rate the thresholds judged against"),
+            col("error", "why the latest run failed (empty when it did not)"),
         ],
         rows,
     )
@@ -220,7 +254,7 @@ def overview(q: Queries, now: datetime, places: Places) -> Overview:
             if len(values):
                 means[(monitor, target)] = float(values.mean())
     routes = route_map(
-        q.latest(ROUTE_PROBE, None, since, now + AHEAD),
+        q.latest(ROUTE_PROBE, None, since, end),
         means,
         capacity.name if capacity is not None else "capacity",
         places,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,6 +21,7 @@ from iepm.analysis.cause import HOST_PROBE, ROUTE_PROBE, hop_addresses, route_ch
 from iepm.analysis.statistics import FloatArray, at, describe
 from iepm.probes import PROBES, all_metrics
 from iepm.probes.base import Metric
+from iepm.web.health import run_value
 from iepm.web.pages.aggregate import weekly
 from iepm.web.queries import Frame, Queries, latest_document
 from iepm.web.tables import (
@@ -60,7 +61,98 @@ LAYOUT = (
 )
 HISTOGRAM = "iperf3.throughput_bps"  # the distribution of a path's capacity
 CDF = "ping.rtt_avg_ms"
+# The smoke chart (Smokeping's): every packet's RTT of each run, from the list a run stores
+# beside its mean, with its loss colouring the median; over the last SMOKE_WINDOW.
+SMOKE = ("ping.rtt_avg_ms", "rtts_ms", "ping.loss_percent")
+SMOKE_WINDOW = timedelta(days=2)
+SMOKE_LEVELS = (0, 10, 25, 50, 75, 90, 100)  # percentiles drawn: bands about the median
 UNIT = ("_ms", "_s", "_bps", "_bytes", "_percent")
+
+
+class SmokeRow(NamedTuple):
+    started_at: datetime
+    outcome: str
+    loss_percent: float | None
+    p0: float | None
+    p10: float | None
+    p25: float | None
+    p50: float | None
+    p75: float | None
+    p90: float | None
+    p100: float | None
+    samples: int
+
+
+def smoke_rows(
+    docs: list[tuple[datetime, str, dict[str, Any]]], samples: str, loss: str
+) -> list[SmokeRow]:
+    """Per run: the percentiles of its packets' RTTs (none for a run with no reply) and its
+    loss (a failed run's as its data has it, else 100 %: nothing came back)."""
+    rows = []
+    for started, outcome, data in docs:
+        values = data.get(samples)
+        rtts = np.array(
+            [v for v in values if isinstance(v, int | float)] if isinstance(values, list) else [],
+            dtype=float,
+        )
+        lost = data.get(loss)
+        lost_value = float(lost) if isinstance(lost, int | float) else None
+        if outcome != "ok" and lost_value is None:
+            lost_value = 100.0
+        levels = (
+            [float(v) for v in np.percentile(rtts, SMOKE_LEVELS)]
+            if len(rtts)
+            else [None] * len(SMOKE_LEVELS)
+        )
+        rows.append(SmokeRow(started, outcome, lost_value, *levels, len(rtts)))
+    return rows
+
+
+def _smoke(
+    q: Queries,
+    target: str,
+    monitor: str | None,
+    now: datetime,
+    metrics: dict[str, Metric],
+    frame: Frame | None,
+    end: float,
+    start: datetime,
+) -> tuple[Table, Chart] | None:
+    """The smoke chart and its table; ``frame``: the probe's runs (for their outages)."""
+    name, samples, loss_name = SMOKE
+    if name not in metrics or loss_name not in metrics or frame is None:
+        return None
+    metric, loss = metrics[name], metrics[loss_name]
+    since = max(now - SMOKE_WINDOW, start)
+    docs = q.documents(metric.probe, target=target, monitor=monitor, since=since, until=now)
+    rows = smoke_rows(docs, samples, loss.key)
+    unit = _unit(metric.key)
+    table = Table(
+        "smoke",
+        f"every packet's {metric.label.split(' (')[0]} per run (percentiles), last "
+        f"{SMOKE_WINDOW.days} days",
+        [
+            col("started_at", "start of the run, UTC"),
+            col("outcome", "ok, failed, timeout"),
+            col(loss.key, loss.label),
+            *(col(f"p{p}", f"{p}th percentile of the run's packets{unit}") for p in SMOKE_LEVELS),
+            col("samples", "packets that came back"),
+        ],
+        rows,
+    )
+    chart = Chart(
+        "smoke",
+        # "RTT avg (ms)" → "RTT (ms)": the chart is of packets, not of the runs' means.
+        f"smoke: every packet's {metric.label.split(' ')[0]} ({unit.strip('_')}) per run "
+        "(bands: 0–100, 10–90, 25–75 %; dots: median coloured by loss)",
+        "smoke",
+        [r.started_at.timestamp() for r in rows],
+        [Series(f"p{p}", [getattr(r, f"p{p}") for r in rows]) for p in SMOKE_LEVELS],
+        "smoke",
+        outages=[o for o in outages(frame, end) if o[1] >= since.timestamp()],
+        extra={"loss": [r.loss_percent for r in rows]},
+    )
+    return table, chart
 
 
 class RouteRow(NamedTuple):
@@ -250,8 +342,33 @@ def facts_table(doc: tuple[datetime, str, dict[str, Any]] | None) -> Table:
     )
 
 
-def _masked(frame: Frame, key: str) -> list[float]:
-    return [v if o else math.nan for v, o in zip(frame.values[key], frame.ok(), strict=True)]
+def _plotted(frame: Frame, metric: Metric) -> list[float]:
+    """A metric's value per run as charted: a failed run at the metric's down value (a dead
+    ping at 100 % loss), or a gap when it stands for nothing (a failed iperf3 has no rate)."""
+    out = []
+    for value, ok in zip(frame.values[metric.key], frame.ok(), strict=True):
+        shown = run_value(metric, bool(ok), value)
+        out.append(math.nan if shown is None else shown)
+    return out
+
+
+def outages(frame: Frame, end: float) -> list[tuple[float, float, str]]:
+    """The periods a probe's runs failed (skipped runs measured nothing: they neither start
+    nor end one): from the first failed run's start to the next success's, or to ``end``."""
+    out: list[tuple[float, float, str]] = []
+    start: float | None = None
+    reason = ""
+    for t, outcome, error in zip(frame.t, frame.outcome, frame.error, strict=True):
+        if outcome == "skipped":
+            continue
+        if outcome != "ok" and start is None:
+            start, reason = float(t), f"{outcome}: {error or 'no reason recorded'}"
+        elif outcome == "ok" and start is not None:
+            out.append((start, float(t), reason))
+            start = None
+    if start is not None:
+        out.append((start, max(end, start), reason))
+    return out
 
 
 def _charts(
@@ -259,6 +376,7 @@ def _charts(
     metrics: dict[str, Metric],
     events: list[float],
     marks: Callable[..., list[tuple[float, str]]],
+    end: float,
 ) -> list[Chart]:
     """The layout's charts, then one per registered probe the layout does not chart."""
     charts = []
@@ -275,10 +393,11 @@ def _charts(
                 layout.title,
                 "time",
                 list(frame.t),
-                [Series(m.key, _masked(frame, m.key), axis) for m, axis in placed],
+                [Series(m.key, _plotted(frame, m), axis) for m, axis in placed],
                 placed[0][0].probe,
                 events=events,
                 alerts=marks(*(m.name for m, _axis in placed)),
+                outages=outages(frame, end),
             )
         )
     for probe, frame in frames.items():
@@ -293,23 +412,39 @@ def _charts(
                 "time",
                 list(frame.t),
                 [
-                    Series(m.key, _masked(frame, m.key), min(3, 1 + units.index(_unit(m.key))))
+                    Series(m.key, _plotted(frame, m), min(3, 1 + units.index(_unit(m.key))))
                     for m in mine
                 ],
                 probe,
                 events=events,
                 alerts=marks(*(m.name for m in mine)),
+                outages=outages(frame, end),
             )
         )
     return charts
 
 
-def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> TargetPage:
+# The time picker's windows (the charts' and tables' span; the year of weekly means stays).
+WINDOWS = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "1d": timedelta(days=1),
+    "7d": timedelta(days=7),
+    "28d": HISTORY,
+    "90d": timedelta(days=90),
+    "365d": timedelta(days=365),
+}
+
+
+def target_page(
+    q: Queries, target: str, monitor: str | None, now: datetime, span: timedelta = HISTORY
+) -> TargetPage:
+    """The page of ``target`` for the ``span`` before ``now`` (28 days unless picked)."""
     # The monitors of the last 28 days (cheap through the index), else of all time.
     monitors = q.target_monitors(target, since=now - HISTORY) or q.target_monitors(target)
     if monitor is None and monitors:
         monitor = monitors[0][0]
-    since = now - HISTORY
+    since = now - span
     window = {"target": target, "monitor": monitor, "since": since, "until": now}
     metrics = all_metrics()
     by_probe: dict[str, list[Metric]] = {}
@@ -357,7 +492,7 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
         alerts_table(alert_rows, alert_total, f"of {target}"),
         studies_table(study_rows, study_total),
     ]
-    charts = _charts(frames, metrics, events, marks)
+    charts = _charts(frames, metrics, events, marks, now.timestamp())
     charts.append(
         Chart(
             "hops",
@@ -377,6 +512,12 @@ def target_page(q: Queries, target: str, monitor: str | None, now: datetime) -> 
             tables.append(table)
             charts.append(chart)
     charts.append(long_term)
+    smoke_probe = metrics[SMOKE[0]].probe if SMOKE[0] in metrics else None
+    smoke_frame = frames.get(smoke_probe or "")
+    smoke = _smoke(q, target, monitor, now, metrics, smoke_frame, now.timestamp(), since)
+    if smoke is not None:
+        tables.append(smoke[0])
+        charts.insert(0, smoke[1])
     return TargetPage(
         target=target,
         monitor=monitor,

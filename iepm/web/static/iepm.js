@@ -16,11 +16,54 @@
     return +v.toPrecision(3) + "";
   }
 
+  // Times in UTC, ISO style and 24-hour, whatever the browser's locale.
+  function iso(t) {
+    return new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ");
+  }
+  // Time axis ticks: hours within a day, the date where a day starts (and on the first tick).
+  function timeTicks(u, splits, axis, space, incr) {
+    return splits.map((t, i) => {
+      const s = iso(t);
+      if (incr >= 86400) return (i === 0 || s.slice(5, 10) === "01-01") ? s.slice(0, 10) : s.slice(5, 10);
+      return (i === 0 || s.slice(11) === "00:00") ? s.slice(0, 10) + "\n" + s.slice(11) : s.slice(11);
+    });
+  }
+
+  // Outages: the periods a probe's runs failed, shaded; their reason is shown on hover (in
+  // the chart's .reason line, and in window.iepmCharts[id].iepmOutage).
+  // Within a few pixels: an outage of one run on a 28-day chart is a pixel wide, and the
+  // cursor snaps to the nearest run.
+  function outageAt(u, outages, left) {
+    const slack = 4;
+    return outages.find(o => left >= u.valToPos(o.from, "x") - slack &&
+                             left <= u.valToPos(o.to, "x") + slack) || null;
+  }
+
   // Route changes: dashed red lines. Step-change alerts: solid orange lines with a triangle
-  // at the top and the alert written beside it.
-  function eventLines(events, alerts) {
+  // at the top and the alert written beside it. Outages: red shading behind the series.
+  function eventLines(events, alerts, outages, reasonEl) {
     return {
       hooks: {
+        drawAxes: [u => {
+          if (!outages.length) return;
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.fillStyle = "rgba(214, 39, 40, 0.16)";
+          for (const o of outages) {
+            const a = Math.max(u.bbox.left, u.valToPos(o.from, "x", true));
+            const b = Math.min(u.bbox.left + u.bbox.width, u.valToPos(o.to, "x", true));
+            if (b < a) continue;
+            ctx.fillRect(a, u.bbox.top, Math.max(b - a, 2 * devicePixelRatio), u.bbox.height);
+          }
+          ctx.restore();
+        }],
+        setCursor: [u => {
+          if (!outages.length || !reasonEl) return;
+          const left = u.cursor.left;
+          const o = left == null || left < 0 ? null : outageAt(u, outages, left);
+          u.iepmOutage = o;
+          reasonEl.textContent = o ? `outage ${iso(o.from)} – ${iso(o.to)} UTC: ${o.reason}` : "";
+        }],
         draw: [u => {
           if (!events.length && !alerts.length) return;
           const ctx = u.ctx;
@@ -61,12 +104,82 @@
     };
   }
 
+  // Smokeping's colours for a run's loss, drawn on its median.
+  function lossColor(loss) {
+    if (loss == null) return "#777";
+    if (loss <= 0) return "#1a9850";
+    if (loss < 5) return "#1f77b4";
+    if (loss < 20) return "#7b3294";
+    return "#d62728";
+  }
+
+  // The smoke chart: per run, bands between percentiles of its packets' RTTs (0–100, 10–90,
+  // 25–75: darker nearer the median) and the median as a dot coloured by the run's loss; a run
+  // with no reply is a red tick at the top.
+  function buildSmoke(spec, el) {
+    const loss = spec.loss || [];
+    const reasonEl = el.parentElement.querySelector(".reason");
+    const series = [{ label: "time (UTC)", value: (u, v) => v == null ? "–" : iso(v) }];
+    const widths = { p50: 1 };
+    spec.series.forEach(s => {
+      const median = s.label === "p50";
+      series.push({ label: s.label, stroke: median ? "#555" : "transparent",
+                    width: widths[s.label] || 0, points: { show: false }, spanGaps: false });
+    });
+    const idx = label => 1 + spec.series.findIndex(s => s.label === label);
+    const bands = [["p0", "p100", "rgba(60,60,60,0.10)"], ["p10", "p90", "rgba(60,60,60,0.18)"],
+                   ["p25", "p75", "rgba(60,60,60,0.28)"]]
+      .filter(([lo, hi]) => idx(lo) > 0 && idx(hi) > 0)
+      .map(([lo, hi, fill]) => ({ series: [idx(hi), idx(lo)], fill: fill }));
+    const dots = {
+      hooks: {
+        draw: [u => {
+          const ctx = u.ctx, m = idx("p50"), r = 3 * devicePixelRatio;
+          ctx.save();
+          for (let i = 0; i < spec.x.length; i++) {
+            const x = u.valToPos(spec.x[i], "x", true);
+            const v = m > 0 ? u.data[m][i] : null;
+            ctx.fillStyle = lossColor(loss[i]);
+            if (v == null) {
+              if (loss[i] == null) continue;
+              ctx.fillRect(x - r / 2, u.bbox.top, r, 4 * r);  // no reply at all
+              continue;
+            }
+            ctx.beginPath();
+            ctx.arc(x, u.valToPos(v, "y", true), r, 0, 2 * Math.PI);
+            ctx.fill();
+          }
+          ctx.restore();
+        }],
+      },
+    };
+    const opts = {
+      width: Math.max(320, el.clientWidth || 900),
+      height: 260,
+      series: series,
+      bands: bands,
+      legend: { show: true },
+      axes: [{ label: spec.xLabel, stroke: "#333", values: timeTicks, space: 70 },
+             { stroke: "#333", values: (u, vals) => vals.map(si), size: 60 }],
+      scales: { x: { time: true } },
+      cursor: { drag: { x: true, y: false, setScale: true } },
+      tzDate: ts => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
+      plugins: [eventLines([], [], spec.outages || [], reasonEl), dots],
+    };
+    opts.hooks = { setSelect: [u => { if (u.select.width > 0) u.iepmZoomed = true; }] };
+    const u = new uPlot(opts, [spec.x, ...spec.series.map(s => s.values)], el);
+    u.over.addEventListener("dblclick", () => { u.iepmZoomed = false; });
+    charts[spec.id] = u;
+    return u;
+  }
+
   function build(spec, el) {
+    if (spec.kind === "smoke") return buildSmoke(spec, el);
     const time = spec.kind === "time";
     const series = [{ label: time ? "time (UTC)" : spec.xLabel,
-                      value: time ? (u, v) => v == null ? "–" : new Date(v * 1000).toISOString().slice(0, 16).replace("T", " ") : undefined }];
-    const axes = [{ label: spec.xLabel, stroke: "#333",
-                     values: time ? undefined : (u, vals) => vals.map(si) }];
+                      value: time ? (u, v) => v == null ? "–" : iso(v) : undefined }];
+    const axes = [{ label: spec.xLabel, stroke: "#333", values: time ? timeTicks : (u, vals) => vals.map(si),
+                    space: time ? 70 : 50 }];
     const scatterPlot = spec.kind === "scatter";
     // A fit through the origin is only judged by eye when the origin is on the plot.
     const fromZero = (u, min, max) => [0, max > 0 ? max * 1.05 : 1];
@@ -116,12 +229,41 @@
       axes: axes,
       scales: scales,
       cursor: { drag: { x: true, y: false, setScale: true } },
-      plugins: [eventLines(spec.events || [], spec.alerts || [])],
+      plugins: [eventLines(spec.events || [], spec.alerts || [], spec.outages || [],
+                           el.parentElement.querySelector(".reason"))],
     };
+    if (time) opts.tzDate = ts => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC");
     const data = [spec.x, ...spec.series.map(s => s.values)];
+    // A zoomed chart is being read: auto-refresh waits until it is zoomed out (double-click).
+    opts.hooks = { setSelect: [u => { if (u.select.width > 0) u.iepmZoomed = true; }] };
     const u = new uPlot(opts, data, el);
+    u.over.addEventListener("dblclick", () => { u.iepmZoomed = false; });
     charts[spec.id] = u;
     return u;
+  }
+
+  // Auto-refresh of a live page (one without ?until=): reloads every N seconds as chosen in
+  // the header (kept in localStorage; default 1 min, within a cached page's life of 30 s
+  // plus one refresh), but not while a chart is zoomed or the page is hidden.
+  const picker = document.getElementById("refresh");
+  if (picker) {
+    const KEY = "iepm.refresh";
+    const saved = window.localStorage.getItem(KEY);
+    const every = saved === null ? 60 : Number(saved);
+    if (![...picker.options].some(o => Number(o.value) === every)) {
+      picker.add(new Option(`${every} s`, String(every)));
+    }
+    picker.value = String(every);
+    picker.addEventListener("change", () => {
+      window.localStorage.setItem(KEY, picker.value);
+      window.location.reload();
+    });
+    if (every > 0) {
+      window.setInterval(() => {
+        const zoomed = Object.values(charts).some(u => u.iepmZoomed);
+        if (!zoomed && document.visibilityState === "visible") window.location.reload();
+      }, every * 1000);
+    }
   }
 
   document.querySelectorAll("script.chart-spec").forEach(node => {
