@@ -42,8 +42,7 @@ def plain_xrootd(timeout_s: float = 10.0) -> Iterator[PlainXrootd]:
         d.mkdir()
     port = free_port()
     (root / "xrootd.cf").write_text(
-        f"all.export {export}\nall.export {readonly}\nall.adminpath {admin}\n"
-        f"all.pidpath {admin}\n"
+        f"all.export {export}\nall.export {readonly}\nall.adminpath {admin}\nall.pidpath {admin}\n"
     )
     argv = ["xrootd", "-c", str(root / "xrootd.cf"), "-n", f"test{port}", "-p", str(port)]
     argv += ["-l", "-"]

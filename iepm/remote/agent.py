@@ -483,7 +483,7 @@ class Agent:
             if not line:
                 return False
             output.extend(line)
-            if kind.ready in line:
+            if kind.is_ready(line):
                 return True
         return False
 

@@ -71,6 +71,13 @@ class ServerKind:
     guard: Callable[[Grant], Guard]
     # Writes what the server reads into the slot's (empty) work directory before it starts.
     setup: Callable[[Path, Grant], None] | None = None
+    # When ``ready`` alone cannot tell (it also starts a line that says the start failed).
+    ready_pattern: re.Pattern[bytes] | None = None
+
+    def is_ready(self, line: bytes) -> bool:
+        if self.ready_pattern is not None:
+            return self.ready_pattern.search(line) is not None
+        return self.ready in line
 
 
 # --- iperf3 ------------------------------------------------------------------------------------
@@ -209,6 +216,8 @@ XROOTD = ServerKind(
     program="xrootd",
     version_argv=("-v",),
     ready=b"------ xrootd ",
+    # "------ xrootd NAME@HOST:PORT initialization completed." — or "... failed."
+    ready_pattern=re.compile(rb"^------ xrootd \S+ initialization completed\."),
     argv=_xrootd_argv,
     guard=XrootdGuard,
     setup=_xrootd_setup,

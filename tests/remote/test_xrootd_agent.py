@@ -1,0 +1,115 @@
+"""The agent leases an xrootd server for one copy: the xrdcp_mem probe through a real agent on
+loopback, its limits, and that neither server process nor file outlives the slot."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from iepm.config import AgentAccess
+from iepm.probes import xrdcp_mem
+from iepm.probes.base import ProbeContext
+from iepm.remote.lease import server_source
+from iepm.results import Outcome
+from tests.remote.conftest import RunningAgent, running_agent, wait_until
+
+pytestmark = pytest.mark.skipif(shutil.which("xrootd") is None, reason="xrootd-server missing")
+
+
+@pytest.fixture(scope="module")
+def memory_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="iepm-test-agent-mem-", dir="/dev/shm"))
+    # An agent run as root runs xrootd as nobody, who must reach the slot directories.
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def xrootd_agent(
+    tmp_path_factory: pytest.TempPathFactory, memory_dir: Path
+) -> Iterator[RunningAgent]:
+    with running_agent(
+        tmp_path_factory.mktemp("xrootd-agent"),
+        settings={"memory_dir": str(memory_dir / "slots")},
+        kinds=("iperf3", "xrootd"),
+    ) as agent:
+        yield agent
+
+
+def xrootd_children(agent: RunningAgent) -> list[psutil.Process]:
+    assert agent.proc is not None
+    alive = []
+    for child in psutil.Process(agent.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name() == "xrootd" and child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+    return alive
+
+
+def slot_files(memory_dir: Path) -> list[Path]:
+    slots = memory_dir / "slots"
+    return list(slots.rglob("*")) if slots.exists() else []
+
+
+def context(agent: RunningAgent, monitor: str = "mon1") -> ProbeContext:
+    access = AgentAccess(url=agent.url, credential_file=str(agent.token_file(monitor)))
+    return ProbeContext(
+        target="loop", address="127.0.0.1", monitor=monitor, servers=server_source(access)
+    )
+
+
+def test_a_memory_copy_through_the_agent_succeeds_and_leaves_nothing(
+    xrootd_agent: RunningAgent, memory_dir: Path
+) -> None:
+    spec = xrdcp_mem.Spec(size="64M", streams=2, duration_s=20)
+    result = asyncio.run(xrdcp_mem.run(spec, context(xrootd_agent)))
+    assert result.succeeded, f"{result.error}\n{result.diags}"
+    assert result.data["bytes"] == 64 * 1024**2
+    assert result.data["connected_streams"] == 2
+    assert result.data["throughput_bps"] > 0 and result.data["setup_s"] > 0
+    assert "agent http://127.0.0.1" in result.diags and "slot" in result.diags
+    # The slot is released when the copy ends: server and files go with it.
+    assert wait_until(lambda: not xrootd_children(xrootd_agent), 10.0)
+    assert wait_until(lambda: slot_files(memory_dir) == [], 10.0)
+
+
+def test_a_copy_larger_than_the_agent_allows_is_refused_naming_the_limit(
+    xrootd_agent: RunningAgent, memory_dir: Path
+) -> None:
+    # The test agent leaves max_size at its default, 1G.
+    spec = xrdcp_mem.Spec(size="2G", duration_s=20)
+    result = asyncio.run(xrdcp_mem.run(spec, context(xrootd_agent)))
+    assert result.outcome == Outcome.FAILED
+    assert result.error is not None and "max_size = 1G" in result.error
+    assert xrootd_children(xrootd_agent) == [] and slot_files(memory_dir) == []
+
+
+def test_a_monitor_not_allowed_xrootd_gets_a_failed_result(xrootd_agent: RunningAgent) -> None:
+    result = asyncio.run(xrdcp_mem.run(xrdcp_mem.Spec(size="8M"), context(xrootd_agent, "nobody")))
+    assert result.outcome == Outcome.FAILED
+    assert result.error is not None and "may not run xrootd tests here" in result.error
+
+
+def test_an_agent_without_its_xrootd_program_refuses_the_slot_saying_so(
+    tmp_path: Path, memory_dir: Path
+) -> None:
+    with running_agent(
+        tmp_path,
+        settings={"memory_dir": str(memory_dir / "slots"), "programs": {"xrootd": "xrootd-gone"}},
+        kinds=("xrootd",),
+    ) as agent:
+        spec = xrdcp_mem.Spec(size="8M", duration_s=10)
+        result = asyncio.run(xrdcp_mem.run(spec, context(agent)))
+        assert result.outcome == Outcome.FAILED
+        assert result.error is not None and "'xrootd-gone' is not installed" in result.error
+        assert slot_files(memory_dir) == []
