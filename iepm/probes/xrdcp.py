@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
 import os
 import re
@@ -50,7 +51,7 @@ from iepm.probes.base import (
     figure,
     result_from_raw,
 )
-from iepm.results import Result
+from iepm.results import Outcome, Result
 from iepm.runner import RawRun, run_command, tool_version
 from iepm.units import size_bytes
 
@@ -64,6 +65,9 @@ MAX_SIZE = 64 * 1024**3
 LOG_MASK = "File|Utility|PostMaster|XRootDTransport|XRootD|AsyncSock"
 # Memory file system for a generated source: a sparse file reads as zeros without using memory.
 MEMORY_DIR = "/dev/shm"
+# The commit step: Debian's python3 (it has python3-xrootd) running xrdsync.py.
+SYNC_PYTHON = "/usr/bin/python3"
+SYNC_SCRIPT = str(Path(__file__).with_name("xrdsync.py"))
 PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
 
 LINE = re.compile(
@@ -90,6 +94,8 @@ COLUMNS = [
     Column("elapsed_s", "xrdcp's whole run, first to last log line, s"),
     Column("throughput_bps", "bytes over transfer_s, bit/s"),
     Column("end_to_end_throughput_bps", "bytes over elapsed_s (set-up included), bit/s"),
+    Column("sync_s", "the server's sync of the copy (commit = at_end), s"),
+    Column("committed_throughput_bps", "bytes over transfer_s + commit_s (at_end), bit/s"),
 ]
 
 
@@ -386,14 +392,51 @@ async def remove_remote(ctx: ProbeContext, spec: TransferSpec, port: int, path: 
     return f"[removed {path}]"
 
 
+def sync_argv(url: str, timeout_s: int) -> list[str]:
+    return [SYNC_PYTHON, "-I", SYNC_SCRIPT, url, str(timeout_s)]
+
+
+def parse_sync(raw: RawRun) -> dict[str, Any]:
+    """The commit step's figures (see :mod:`.xrdsync`); ToolFailed when it did not sync."""
+    line = next((ln for ln in reversed(raw.stdout.splitlines()) if ln.startswith("{")), None)
+    if raw.timed_out:
+        raise ToolFailed("the server did not finish syncing the copy before the deadline")
+    try:
+        found = json.loads(line) if line else None
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        said = (raw.stderr.strip().splitlines() or ["(nothing)"])[-1]
+        raise ParseError(f"the commit step printed no figures (exit {raw.returncode}): {said}")
+    if "error" in found:
+        raise ToolFailed(f"committing the copy failed: {found['error']}")
+    return {key: float(found[key]) for key in ("open_s", "sync_s", "close_s")}
+
+
+def with_commit(data: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
+    """Copy figures with the server's sync counted into the commit."""
+    commit_s = round((data.get("commit_s") or 0.0) + sync["sync_s"], 6)
+    transfer_s = data.get("transfer_s")
+    done_s = None if transfer_s is None else transfer_s + commit_s
+    return {
+        **data,
+        "sync_s": sync["sync_s"],
+        "commit_s": commit_s,
+        "committed_throughput_bps": _bps(data.get("bytes"), done_s),
+    }
+
+
 async def run_copy(
     module: ModuleType,
     spec: TransferSpec,
     ctx: ProbeContext,
     storage: Storage,
     source: contextlib.AbstractContextManager[str],
+    *,
+    commit: bool = False,
 ) -> Result:
-    """Lease a server, copy ``source`` to it, log the run raw, parse it; failures as data."""
+    """Lease a server, copy ``source`` to it (and with ``commit`` have the server sync it before
+    the lease ends), log the runs raw, parse them; failures as data."""
     need = ServerNeed(
         kind=SERVER,
         duration_s=math.ceil(spec.duration_s),
@@ -403,6 +446,7 @@ async def run_copy(
     )
     name = f"iepm-{secrets.token_hex(8)}.dat"
     notes: list[str] = []
+    synced: RawRun | None = None
     try:
         version = await tool_version(ctx.wrap(VERSION_ARGV))
         async with ctx.server(need) as lease:
@@ -415,6 +459,12 @@ async def run_copy(
                     build_argv(spec, lease.address, source=source_path, path=path, port=port)
                 )
                 raw = await run_command(argv, spec.deadline_s())
+            if commit and raw.returncode == 0 and not raw.timed_out:
+                host = f"[{lease.address}]" if ":" in lease.address else lease.address
+                left = max(1, math.ceil(spec.deadline_s() - raw.duration_s))
+                synced = await run_command(
+                    ctx.wrap(sync_argv(f"root://{host}:{port}/{path}", left)), left + 2.0
+                )
             if lease.port is None:
                 notes.append(await remove_remote(ctx, spec, port, path))
     except ToolNotFound as exc:
@@ -425,4 +475,13 @@ async def run_copy(
         ctx.raw_log.append(ctx.target, module.NAME, raw, params=spec.model_dump(mode="json"))
     result = result_from_raw(module, spec, replace(ctx, address=lease.address), raw, version)
     diags = "\n".join([*(n for n in notes if n), result.diags])
-    return result.model_copy(update={"diags": diags})
+    update: dict[str, Any] = {"diags": diags}
+    if synced is not None:
+        if ctx.raw_log is not None:
+            ctx.raw_log.append(ctx.target, module.NAME, synced, params=spec.model_dump(mode="json"))
+        update["diags"] += "\n" + synced.diags()
+        try:
+            update["data"] = with_commit(result.data, parse_sync(synced))
+        except (ToolFailed, ParseError) as exc:
+            update |= {"outcome": Outcome.FAILED, "error": str(exc)}
+    return result.model_copy(update=update)

@@ -152,7 +152,8 @@ IPERF3 = ServerKind(
 # root://host:port//NAME and the file lands in <work>/data/NAME, removed with the slot.
 XROOTD_CONFIG = "xrootd.cf"
 XROOTD_DATA = "data"
-# One xrdcp logs in once, whatever its --streams (the extra streams bind to that session).
+# One xrdcp logs in once, whatever its --streams (the extra streams bind to that session); a
+# disk copy's commit step logs in once more.
 XROOTD_LOGIN = re.compile(rb"XrootdXeq: \S+ \S+ \S+ login")
 # xrootd refuses to run as root; an agent started as root runs it as this user.
 XROOTD_USER = "nobody"
@@ -161,7 +162,8 @@ XROOTD_USER = "nobody"
 def _xrootd_argv(program: str, port: int, bind: str | None, rate_bps: int | None) -> list[str]:
     # The configuration sits in the server's working directory (the slot's); -l -: log lines on
     # the agent's pipe, where the guard reads them.
-    argv = [program, "-c", XROOTD_CONFIG, "-n", f"iepm{port}", "-p", str(port), "-l", "-"]
+    # Short instance name: it is part of the admin socket's path (108 bytes at most).
+    argv = [program, "-c", XROOTD_CONFIG, "-n", "x", "-p", str(port), "-l", "-"]
     # bind is not used: xrootd 5.5 listens on all addresses and has no option for one.
     if os.geteuid() == 0:
         argv += ["-R", XROOTD_USER]
@@ -170,7 +172,7 @@ def _xrootd_argv(program: str, port: int, bind: str | None, rate_bps: int | None
 
 def _xrootd_setup(workdir: Path, grant: Grant) -> None:
     data = workdir / XROOTD_DATA
-    admin = workdir / "admin"
+    admin = workdir / "a"
     data.mkdir()
     admin.mkdir()
     lines = [
@@ -190,8 +192,11 @@ def _xrootd_setup(workdir: Path, grant: Grant) -> None:
             shutil.chown(path, XROOTD_USER)
 
 
+XROOTD_LOGINS = 2
+
+
 class XrootdGuard:
-    """One client per slot: a second login is another monitor's (or a stray) copy."""
+    """One copy per slot: a login beyond the copy's and its commit's is another client's."""
 
     def __init__(self, grant: Grant) -> None:
         self.grant = grant
@@ -200,8 +205,8 @@ class XrootdGuard:
     def line(self, line: bytes) -> str | None:
         if XROOTD_LOGIN.search(line):
             self.logins += 1
-            if self.logins > 1:
-                return "a second client logged in; the slot granted one copy"
+            if self.logins > XROOTD_LOGINS:
+                return f"login {self.logins} to a slot granted one copy (and its commit)"
         return None
 
     def inspect_sockets(self, line: bytes) -> bool:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from iepm.config import AgentAccess
-from iepm.probes import xrdcp_mem
+from iepm.probes import xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Outcome
@@ -35,15 +35,21 @@ def memory_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def xrootd_agent(
-    tmp_path_factory: pytest.TempPathFactory, memory_dir: Path
-) -> Iterator[RunningAgent]:
-    with running_agent(
-        tmp_path_factory.mktemp("xrootd-agent"),
-        settings={"memory_dir": str(memory_dir / "slots")},
-        kinds=("iperf3", "xrootd"),
-    ) as agent:
-        yield agent
+def xrootd_agent(memory_dir: Path) -> Iterator[RunningAgent]:
+    # On disk, and reachable by the server's user (nobody, under root) all the way down:
+    # pytest's own temporary directories are 0700.
+    base = Path(tempfile.mkdtemp(prefix="iepm-xa-", dir="/var/tmp"))
+    base.chmod(0o755)
+    try:
+        with running_agent(
+            base,
+            settings={"memory_dir": str(memory_dir / "slots")},
+            kinds=("iperf3", "xrootd"),
+        ) as agent:
+            (base / "state").chmod(0o755)
+            yield agent
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def xrootd_children(agent: RunningAgent) -> list[psutil.Process]:
@@ -113,3 +119,32 @@ def test_an_agent_without_its_xrootd_program_refuses_the_slot_saying_so(
         assert result.outcome == Outcome.FAILED
         assert result.error is not None and "'xrootd-gone' is not installed" in result.error
         assert slot_files(memory_dir) == []
+
+
+def disk_slot_files(agent: RunningAgent) -> list[Path]:
+    work = agent.dir / "state" / "work"
+    return list(work.rglob("*")) if work.exists() else []
+
+
+@pytest.mark.parametrize("commit", ["at_end", "none"])
+def test_a_disk_copy_through_the_agent_commits_when_asked_and_leaves_nothing(
+    xrootd_agent: RunningAgent, tmp_path: Path, commit: str
+) -> None:
+    (tmp_path / "src").mkdir()
+    spec = xrdcp_disk.Spec(
+        size="16M", duration_s=20, commit=commit, source_dir=str(tmp_path / "src")
+    )
+    result = asyncio.run(xrdcp_disk.run(spec, context(xrootd_agent)))
+    assert result.succeeded, f"{result.error}\n{result.diags}"
+    assert result.data["bytes"] == 16 * 1024**2
+    if commit == "at_end":
+        assert result.data["sync_s"] >= 0
+        assert result.data["commit_s"] >= result.data["sync_s"]
+        assert 0 < result.data["committed_throughput_bps"] <= result.data["throughput_bps"]
+        assert "xrdsync.py" in result.diags
+    else:
+        assert "sync_s" not in result.data and "xrdsync.py" not in result.diags
+    # The seeded source stays for the next run; the copy on the target does not.
+    assert [p.name for p in (tmp_path / "src").iterdir()] == [f"iepm-xrdcp-{16 * 1024**2}.src"]
+    assert wait_until(lambda: not xrootd_children(xrootd_agent), 10.0)
+    assert wait_until(lambda: disk_slot_files(xrootd_agent) == [], 10.0)
