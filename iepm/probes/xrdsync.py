@@ -25,8 +25,23 @@ def main() -> int:
         return 3
     times = {}
     handle = client.File()
+    last = {}
+
+    def touch():
+        # xrootd 5.5 syncs only a handle that wrote (XrdOfsFile::sync is a no-op otherwise):
+        # write the file's last byte back over itself, which changes nothing on disk.
+        status, info = handle.stat(timeout=timeout)
+        if not status.ok:
+            return status, None
+        last["offset"] = max(0, info.size - 1)
+        status, byte = handle.read(last["offset"], 1, timeout=timeout)
+        if not status.ok:
+            return status, None
+        return handle.write(byte, last["offset"], timeout=timeout)
+
     for step, call in (
         ("open", lambda: handle.open(url, OpenFlags.UPDATE, timeout=timeout)),
+        ("touch", touch),
         ("sync", lambda: handle.sync(timeout=timeout)),
         ("close", lambda: handle.close(timeout=timeout)),
     ):

@@ -1,5 +1,7 @@
 """Application transfers in the lab against ground truth: an xrdcp memory-to-memory copy through
-the target's agent reaches at least 90% of what tuned iperf3 reaches on the same path."""
+the target's agent reaches at least 90% of what tuned iperf3 reaches on the same path; on a
+target whose disk is slower than its network, a disk copy committed at the end reports the
+disk's rate (a plain dd's) and one not committed the page cache's."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import pytest
 from iepm.config import AgentAccess
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
-from iepm.probes import iperf3, xrdcp_mem
+from iepm.probes import iperf3, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from tests.remote.conftest import RunningAgent, running_agent, wait_until
+from tests.slowdisk import SlowDisk, slow_disk
 
 pytestmark = [
     pytest.mark.lab,
@@ -97,3 +100,53 @@ def test_memory_copy_reaches_90_percent_of_tuned_iperf3(lab: Lab, agent: Running
     assert max(ratios) >= 0.9, ratios
     # The slot ends with the copy: no server, no file.
     assert wait_until(lambda: not list((Path(agent.dir) / "state" / "work").glob("*")), 10.0)
+
+
+# --- a target whose disk is slower than its network ---------------------------------------------
+
+# bytes/s, the loop device's write throttle: slow enough that committing dominates a 32M copy
+# (the copy into the page cache takes ~0.5 s here, committing ~8 s).
+DISK_RATE = 4 * 1024**2
+
+
+@pytest.fixture(scope="module")
+def slow_target() -> Iterator[tuple[SlowDisk, RunningAgent]]:
+    with slow_disk(DISK_RATE) as disk, running_agent(disk.mount / "agent", kinds=("xrootd",)) as ag:
+        for path in (disk.mount / "agent", disk.mount / "agent" / "state"):
+            path.chmod(0o755)  # xrootd runs as nobody
+        assert ag.proc is not None
+        # The agent and every server it starts from now on write under the throttle.
+        disk.enter(ag.proc.pid)
+        yield disk, ag
+
+
+def test_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate_when_not(
+    slow_target: tuple[SlowDisk, RunningAgent], tmp_path: Path
+) -> None:
+    disk, agent = slow_target
+    # Ground truth, in the same cgroup on the same file system: a plain dd that writes through
+    # the page cache and syncs at the end (as the copy), just before and after the committed
+    # copy. The uncommitted copy comes last: its dirty pages would be flushed by the next
+    # fsync on this file system (ext4's ordered journal) and slow that one down.
+    before = disk.dd_rate(32 << 20, "conv=fsync")
+    access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
+    ctx = ProbeContext(target="slow", address="127.0.0.1", servers=server_source(access))
+    spec = xrdcp_disk.Spec(size="32M", duration_s=30, source_dir=str(tmp_path))
+    committed = asyncio.run(xrdcp_disk.run(spec, ctx))
+    assert committed.succeeded, f"{committed.error}\n{committed.diags[-2000:]}"
+    after = disk.dd_rate(32 << 20, "conv=fsync")
+    uncommitted = asyncio.run(xrdcp_disk.run(spec.model_copy(update={"commit": "none"}), ctx))
+    assert uncommitted.succeeded, uncommitted.error
+    disk_bps = (before + after) / 2 * 8
+    assert disk_bps <= DISK_RATE * 8 * 1.1  # the throttle holds
+    got = committed.data["committed_throughput_bps"]
+    cache = uncommitted.data["throughput_bps"]
+    print(
+        f"disk (dd conv=fsync, before/after) {before * 8e-6:.1f}/{after * 8e-6:.1f} Mbit/s; "
+        f"xrdcp_disk 32M commit=at_end {got / 1e6:.1f} Mbit/s (transfer "
+        f"{committed.data['transfer_s']:.2f} s + commit {committed.data['commit_s']:.2f} s), "
+        f"commit=none {cache / 1e6:.1f} Mbit/s"
+    )
+    assert got == pytest.approx(disk_bps, rel=0.1)
+    assert cache > 2 * disk_bps
+    assert wait_until(lambda: not list((agent.dir / "state" / "work").glob("*")), 10.0)
