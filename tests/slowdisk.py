@@ -1,11 +1,15 @@
 """A target disk slower than the network: an ext4 file system on a loop device whose writes are
-throttled for one blkio cgroup (cgroup v1 here: ``blkio.throttle.write_bps_device``).
+throttled (cgroup v1 blkio, ``blkio.throttle.write_bps_device``).
 
-What the throttle does here, measured with dd in the cgroup: direct writes and the write-back an
-fsync issues run at the limit; buffered writes land in the page cache at memory speed (the
-kernel's flusher threads, which would write them back later, are outside the cgroup). So a copy
-that is not committed reports the cache's rate and one committed at the end the disk's. Every
-piece (image, loop device, mount, cgroup) is removed afterwards by name."""
+What throttling does to buffered writes here (cgroup v1, measured): writes land in the page
+cache at memory speed whatever the cgroup; what is throttled is the write-back, charged to the
+cgroup of whoever issues it — the process for its own fsync, the *root* group for the kernel's
+flusher threads. A throttle on the server's own cgroup therefore held a 64 MB committed copy to
+the limit but let a 1 GB copy's background write-back through at full speed (286 Mbit/s through
+a 134 Mbit/s limit). So the limit is set in the root group, for this loop device only: every
+write-back to it, the server's fsync or the flusher's, runs at the disk's rate, and nothing else
+on the host is touched. Every piece (image, loop device, mount, the rule) is removed afterwards.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-BLKIO = Path("/sys/fs/cgroup/blkio")
+BLKIO_RULES = Path("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device")
 DD_RATE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
 
 
@@ -26,23 +30,15 @@ DD_RATE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
 class SlowDisk:
     mount: Path
     device: str
-    cgroup: Path
     rate_bytes_s: int
 
-    def enter(self, pid: int) -> None:
-        """Put a process (and the children it starts from now on) under the throttle."""
-        (self.cgroup / "cgroup.procs").write_text(f"{pid}\n")
-
     def dd_rate(self, nbytes: int, *flags: str) -> float:
-        """Bytes per second of a plain dd writing ``nbytes`` into the disk from the cgroup."""
+        """Bytes per second of a plain dd writing ``nbytes`` into the disk."""
         target = self.mount / "dd.probe"
-        script = (
-            f"echo $$ > {self.cgroup / 'cgroup.procs'} && exec dd if=/dev/zero of={target} "
-            f"bs=1M count={nbytes >> 20} {' '.join(flags)}"
-        )
+        argv = ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={nbytes >> 20}", *flags]
         try:
             out = subprocess.run(
-                ["bash", "-c", script], capture_output=True, text=True, timeout=300, check=True
+                argv, capture_output=True, text=True, timeout=600, check=True
             ).stderr
         finally:
             target.unlink(missing_ok=True)
@@ -57,12 +53,12 @@ def _run(*argv: str) -> str:
 
 @contextlib.contextmanager
 def slow_disk(rate_bytes_s: int, size_mb: int = 1400) -> Iterator[SlowDisk]:
-    if not (BLKIO / "blkio.throttle.write_bps_device").exists():
+    if not BLKIO_RULES.exists():
         raise RuntimeError("no cgroup v1 blkio throttle on this host")
     work = Path(tempfile.mkdtemp(prefix="iepm-slow-", dir="/var/tmp"))
     image, mount = work / "disk.img", work / "mnt"
-    cgroup = BLKIO / work.name
     device = None
+    rule = None
     mounted = False
     try:
         work.chmod(0o755)
@@ -75,21 +71,15 @@ def slow_disk(rate_bytes_s: int, size_mb: int = 1400) -> Iterator[SlowDisk]:
         _run("mount", device, str(mount))
         mounted = True
         mount.chmod(0o755)
-        cgroup.mkdir()
         rdev = os.stat(device).st_rdev
-        (cgroup / "blkio.throttle.write_bps_device").write_text(
-            f"{os.major(rdev)}:{os.minor(rdev)} {rate_bytes_s}\n"
-        )
-        yield SlowDisk(mount, device, cgroup, rate_bytes_s)
+        rule = f"{os.major(rdev)}:{os.minor(rdev)}"
+        BLKIO_RULES.write_text(f"{rule} {rate_bytes_s}\n")
+        yield SlowDisk(mount, device, rate_bytes_s)
     finally:
-        if cgroup.exists():
-            # Whatever is left in it goes back to the root group before the group goes.
-            for pid in (cgroup / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (BLKIO / "cgroup.procs").write_text(f"{pid}\n")
-            cgroup.rmdir()
         if mounted:
-            _run("umount", str(mount))
+            _run("umount", str(mount))  # flushes what is left, at the limit
+        if rule is not None:
+            BLKIO_RULES.write_text(f"{rule} 0\n")  # 0 removes the rule
         if device is not None:
             _run("losetup", "-d", device)
         image.unlink(missing_ok=True)

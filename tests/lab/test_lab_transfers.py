@@ -111,12 +111,11 @@ DISK_RATE = 4 * 1024**2
 
 @pytest.fixture(scope="module")
 def slow_target() -> Iterator[tuple[SlowDisk, RunningAgent]]:
+    # The agent's state directory (disk copies land there) is on the slow disk.
     with slow_disk(DISK_RATE) as disk, running_agent(disk.mount / "agent", kinds=("xrootd",)) as ag:
         for path in (disk.mount / "agent", disk.mount / "agent" / "state"):
             path.chmod(0o755)  # xrootd runs as nobody
         assert ag.proc is not None
-        # The agent and every server it starts from now on write under the throttle.
-        disk.enter(ag.proc.pid)
         yield disk, ag
 
 
@@ -124,7 +123,7 @@ def test_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate_when_
     slow_target: tuple[SlowDisk, RunningAgent], tmp_path: Path
 ) -> None:
     disk, agent = slow_target
-    # Ground truth, in the same cgroup on the same file system: a plain dd that writes through
+    # Ground truth, on the same file system: a plain dd that writes through
     # the page cache and syncs at the end (as the copy), just before and after the committed
     # copy. The uncommitted copy comes last: its dirty pages would be flushed by the next
     # fsync on this file system (ext4's ordered journal) and slow that one down.

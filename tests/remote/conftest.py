@@ -35,6 +35,8 @@ MONITORS: dict[str, dict[str, Any]] = {
         "tests_per_hour": 100,
     },
     "hourly": {"max_duration_s": 5, "tests_per_hour": 1},
+    # Long, large copies (benchmarks/commit_at_end.py's 1 GB onto a slow disk).
+    "bulk": {"max_duration_s": 900, "max_size": "2G", "tests_per_hour": 100},
     "nobody": {},
 }
 
