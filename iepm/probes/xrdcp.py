@@ -31,6 +31,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -116,7 +117,11 @@ class TransferSpec(ProbeSpec):
         json_schema_extra={"cli": "duration"},
     )
     connect_timeout_s: int = Field(
-        default=5, ge=1, le=120, description="give up connecting after this many seconds"
+        default=5,
+        ge=1,
+        le=120,
+        description="give up connecting after this many seconds",
+        json_schema_extra={"cli": "connect-timeout"},
     )
     port: int = Field(
         default=DEFAULT_PORT, ge=1, le=65535, description="xrootd port of a plain endpoint"
@@ -359,11 +364,20 @@ def summary(data: dict[str, Any]) -> str:
 # run
 
 
+def sweep_sources() -> None:
+    """Remove the sources of monitors that died mid-copy (the PID in the name is gone)."""
+    for stale in Path(MEMORY_DIR).glob("iepm-xrdcp-*-*"):
+        pid = stale.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def memory_source(nbytes: int) -> Iterator[str]:
     """A sparse file of ``nbytes`` on a memory file system: reads as zeros at memory speed and
     holds no pages. Removed afterwards."""
-    directory = tempfile.mkdtemp(prefix="iepm-xrdcp-", dir=MEMORY_DIR)
+    sweep_sources()
+    directory = tempfile.mkdtemp(prefix=f"iepm-xrdcp-{os.getpid()}-", dir=MEMORY_DIR)
     path = Path(directory) / "source"
     try:
         with path.open("wb") as f:

@@ -2,7 +2,7 @@
 (the agent's slot under its state directory). With ``commit = "at_end"`` the server syncs the
 copy before the lease ends and that time is counted: a small copy whose cached rest is committed
 at the end predicts a large one, where ``commit = "none"`` reports the page cache's rate (the
-IEPM-BW finding). Tool details in :mod:`.xrdcp`."""
+IEPM-BW finding). Tool details in iepm/probes/xrdcp.py."""
 
 from __future__ import annotations
 

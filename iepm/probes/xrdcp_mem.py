@@ -1,7 +1,7 @@
 """Memory-to-memory XRootD copy: a generated source (a sparse file on the monitor's memory file
 system, read as zeros) to a file on the target's memory file system (the agent's slot lives on
 a tmpfs), so that neither side touches a disk: what the network and the two xrootd ends can
-move, as IEPM-BW's bbcp /dev/zero → /dev/null measured. Tool details in :mod:`.xrdcp`."""
+move, as IEPM-BW's bbcp /dev/zero → /dev/null measured. Tool details in iepm/probes/xrdcp.py."""
 
 from __future__ import annotations
 

@@ -149,3 +149,21 @@ def test_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate_when_
     assert got == pytest.approx(disk_bps, rel=0.1)
     assert cache > 2 * disk_bps
     assert wait_until(lambda: not list((agent.dir / "state" / "work").glob("*")), 10.0)
+
+
+def test_a_copy_onto_a_full_disk_is_a_failed_result_and_leaves_nothing(tmp_path: Path) -> None:
+    # A 64 MiB file system and a 96M copy: the server runs out of room mid-copy.
+    with (
+        slow_disk(1 << 30, size_mb=64) as disk,
+        running_agent(disk.mount / "agent", kinds=("xrootd",)) as agent,
+    ):
+        for path in (disk.mount / "agent", disk.mount / "agent" / "state"):
+            path.chmod(0o755)
+        access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
+        ctx = ProbeContext(target="full", address="127.0.0.1", servers=server_source(access))
+        spec = xrdcp_disk.Spec(size="96M", duration_s=25, source_dir=str(tmp_path))
+        result = asyncio.run(xrdcp_disk.run(spec, ctx))
+        print(result.error)
+        assert not result.succeeded
+        assert result.error is not None and "no room for the copy" in result.error
+        assert wait_until(lambda: not list((agent.dir / "state" / "work").glob("*")), 10.0)

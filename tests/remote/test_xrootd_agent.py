@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ import psutil
 import pytest
 
 from iepm.config import AgentAccess
-from iepm.probes import xrdcp_disk, xrdcp_mem
+from iepm.probes import xrdcp, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Outcome
@@ -148,3 +150,57 @@ def test_a_disk_copy_through_the_agent_commits_when_asked_and_leaves_nothing(
     assert [p.name for p in (tmp_path / "src").iterdir()] == [f"iepm-xrdcp-{16 * 1024**2}.src"]
     assert wait_until(lambda: not xrootd_children(xrootd_agent), 10.0)
     assert wait_until(lambda: disk_slot_files(xrootd_agent) == [], 10.0)
+
+
+MONITOR_SCRIPT = """
+import asyncio, sys
+from iepm.config import AgentAccess
+from iepm.probes import xrdcp_mem
+from iepm.probes.base import ProbeContext
+from iepm.remote.lease import server_source
+access = AgentAccess(url=sys.argv[1], credential_file=sys.argv[2])
+ctx = ProbeContext(target="loop", address="127.0.0.1", servers=server_source(access))
+asyncio.run(xrdcp_mem.run(xrdcp_mem.Spec(size="1G", duration_s=8), ctx))
+"""
+
+
+def test_a_monitor_killed_mid_copy_leaves_nothing_on_either_side(
+    xrootd_agent: RunningAgent, memory_dir: Path
+) -> None:
+    sources_before = {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")}
+    monitor = subprocess.Popen(
+        [sys.executable, "-c", MONITOR_SCRIPT, xrootd_agent.url,
+         str(xrootd_agent.token_file("mon1"))],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Killed once its copy is under way: xrdcp running and the file growing on the target.
+        assert wait_until(lambda: any(p.stat().st_size > 0 for p in data_files(memory_dir)), 20.0)
+        copier = [p for p in psutil.Process(monitor.pid).children(recursive=True)]
+        assert any(p.name() == "xrdcp" for p in copier)
+        monitor.kill()
+        monitor.wait(timeout=10)
+    finally:
+        if monitor.poll() is None:
+            monitor.kill()
+            monitor.wait(timeout=10)
+    # The monitor's side: xrdcp dies with it (the runner's guardian kills its group).
+    assert wait_until(lambda: not any(alive(p) for p in copier), 10.0)
+    # The target's side: the agent ends the slot at its deadline (8 s + 3 s grace).
+    assert wait_until(lambda: not xrootd_children(xrootd_agent), 20.0)
+    assert wait_until(lambda: slot_files(memory_dir) == [], 20.0)
+    # The killed monitor's sparse source (no data, no memory) goes at the next copy's start.
+    left = {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")} - sources_before
+    assert left and all(name.startswith(f"iepm-xrdcp-{monitor.pid}-") for name in left)
+    xrdcp.sweep_sources()
+    assert not {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")} - sources_before
+
+
+def alive(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def data_files(memory_dir: Path) -> list[Path]:
+    return [p for p in slot_files(memory_dir) if p.is_file() and p.suffix == ".dat"]
