@@ -312,7 +312,9 @@ def resolve_executable(name: str) -> str:
 
 
 def _debian_package(tool: str) -> str:
-    return {"ping": "iputils-ping", "ip": "iproute2"}.get(tool, tool)
+    packages = {"ping": "iputils-ping", "ip": "iproute2"}
+    packages |= {"xrdcp": "xrootd-client", "xrootd": "xrootd-server"}
+    return packages.get(tool, tool)
 
 
 def _prepare(

@@ -15,6 +15,9 @@ declare -A NEEDED=(
   [chromium]=chromium            # browser tests (Playwright drives Debian's chromium)
   [/usr/sbin/sshd]=openssh-server  # SSH-mode lab tests start private sshd instances
   [wrk]=wrk                      # benchmarks/web.py's load generator (C, light on the CPU)
+  [xrdcp]=xrootd-client          # the xrdcp_mem / xrdcp_disk probes (monitor side)
+  [xrootd]=xrootd-server         # the agent's xrootd server kind (target side)
+  [/usr/lib/python3/dist-packages/XRootD]=python3-xrootd  # commit step of xrdcp_disk
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

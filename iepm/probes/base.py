@@ -146,6 +146,10 @@ class ServerNeed:
     rate_bps: int | None = None
     udp: bool = False
     reverse: bool = False
+    # A transfer server: the largest file the copy writes, and where the target keeps it
+    # ("memory": a memory file system, "disk": a real one).
+    size_bytes: int | None = None
+    storage: Literal["memory", "disk"] = "disk"
 
 
 @dataclass(frozen=True)

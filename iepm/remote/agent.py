@@ -183,6 +183,10 @@ class Agent:
     def work_root(self) -> Path:
         return self.state_dir / "work"
 
+    @property
+    def memory_root(self) -> Path:
+        return Path(self.settings.memory_dir)
+
     def sweep_orphans(self) -> list[int]:
         """Kill servers a previous agent run recorded and left alive; remove their files."""
         killed: list[int] = []
@@ -205,7 +209,8 @@ class Agent:
         now = time.time()
         for monitor, stamps in (state.get("grants") or {}).items():
             self.grants[monitor] = deque(t for t in stamps if now - t < HOUR_S)
-        shutil.rmtree(self.work_root, ignore_errors=True)
+        for root in (self.work_root, self.memory_root):
+            shutil.rmtree(root, ignore_errors=True)
         self.work_root.mkdir(parents=True, exist_ok=True)
         self._save_state()
         return killed
@@ -311,6 +316,12 @@ class Agent:
                     f"UDP rate {shown} exceeds max_rate = {limits.max_rate} for monitor "
                     f"{monitor.name}",
                 )
+        if req.size is not None and size_bytes(req.size, base=1024) > limits.max_size_bytes:
+            raise refuse(
+                "max_size",
+                f"a {req.size} byte copy exceeds max_size = {limits.max_size} for monitor "
+                f"{monitor.name}",
+            )
         stamps = self._recent_grants(monitor.name)
         if len(stamps) >= limits.tests_per_hour:
             retry = max(1.0, math.ceil(stamps[0] + HOUR_S - time.time()))
@@ -408,10 +419,14 @@ class Agent:
             ),
             window_granted=req.window is not None,
             rate_bps=limits.max_rate_bps,
+            size_bytes=size_bytes(req.size, base=1024) if req.size else limits.max_size_bytes,
         )
         slot_id = uuid.uuid4().hex
-        workdir = self.work_root / slot_id
+        root = self.memory_root if req.storage == "memory" else self.work_root
+        workdir = root / slot_id
         workdir.mkdir(parents=True)
+        if kind.setup is not None:
+            kind.setup(workdir, grant)
         failures = []
         program = self.settings.program(kind.name)
         for port in self._candidate_ports():
@@ -468,7 +483,7 @@ class Agent:
             if not line:
                 return False
             output.extend(line)
-            if kind.ready in line:
+            if kind.is_ready(line):
                 return True
         return False
 

@@ -25,6 +25,8 @@ def slot_request(need: ServerNeed, label: str | None = None) -> SlotRequest:
         udp=need.udp,
         rate=None if need.rate_bps is None else str(need.rate_bps),
         reverse=need.reverse,
+        size=None if need.size_bytes is None else str(need.size_bytes),
+        storage=need.storage,
         label=label,
     )
 

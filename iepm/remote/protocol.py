@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from iepm.remote.servers import DEFAULT_KIND
+from iepm.remote.servers import DEFAULT_KIND, Storage
 from iepm.units import SIZE_RE
 
 KIND_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
@@ -35,10 +35,14 @@ class SlotRequest(BaseModel):
     udp: bool = False
     rate: str | None = Field(default=None, max_length=16)
     reverse: bool = False
+    # A transfer server: the largest file the copy writes (bytes, K/M/G binary) and whether the
+    # slot's files live on a memory file system or a disk.
+    size: str | None = Field(default=None, max_length=16)
+    storage: Storage = "disk"
     # Free text the monitor attaches (its target name, say): stored, never executed.
     label: str | None = Field(default=None, max_length=128)
 
-    @field_validator("window", "rate")
+    @field_validator("window", "rate", "size")
     @classmethod
     def _size(cls, value: str | None) -> str | None:
         if value is not None and not SIZE_RE.match(value):

@@ -2,18 +2,26 @@
 
 A kind says how to start its one-shot server (argv from the granted request, never from free
 text), how it says it is listening, and how to read its output while a test runs: a ``Guard``
-that names a reason to cut the test when what connects exceeds the grant. The next kinds
-(an xrootd server, a packet-pair receiver) are added to ``KINDS`` and nothing else.
+that names a reason to cut the test when what connects exceeds the grant. A kind whose server
+needs files (xrootd's configuration) writes them into the slot's work directory in ``setup``.
+The next kinds (a packet-pair receiver) are added to ``KINDS`` and nothing else.
 
 This module is the agent's and must not import the monitor's probes.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Literal, Protocol
+
+# Where a slot's files live: "memory" on a memory file system (a copy's sink that never touches
+# a disk), "disk" under the agent's state directory.
+Storage = Literal["memory", "disk"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,8 @@ class Grant:
     # The request named a window: buffers must stay at it (autotuning past it is a bigger window).
     window_granted: bool
     rate_bps: int | None
+    # Largest file a copy may write (a transfer server's kinds), bytes; None: no limit.
+    size_bytes: int | None = None
 
 
 class Guard(Protocol):
@@ -59,6 +69,15 @@ class ServerKind:
     # (program, port, bind address, total rate limit in bit/s) → the one-shot server's argv.
     argv: Callable[[str, int, str | None, int | None], list[str]]
     guard: Callable[[Grant], Guard]
+    # Writes what the server reads into the slot's (empty) work directory before it starts.
+    setup: Callable[[Path, Grant], None] | None = None
+    # When ``ready`` alone cannot tell (it also starts a line that says the start failed).
+    ready_pattern: re.Pattern[bytes] | None = None
+
+    def is_ready(self, line: bytes) -> bool:
+        if self.ready_pattern is not None:
+            return self.ready_pattern.search(line) is not None
+        return self.ready in line
 
 
 # --- iperf3 ------------------------------------------------------------------------------------
@@ -126,7 +145,90 @@ IPERF3 = ServerKind(
     guard=Iperf3Guard,
 )
 
-KINDS: dict[str, ServerKind] = {kind.name: kind for kind in (IPERF3,)}
+# --- xrootd ------------------------------------------------------------------------------------
+
+# The slot's work directory holds the configuration, xrootd's admin files and ``data/``, the
+# only directory it exports (as "/", through oss.localroot): a client writes
+# root://host:port//NAME and the file lands in <work>/data/NAME, removed with the slot.
+XROOTD_CONFIG = "xrootd.cf"
+XROOTD_DATA = "data"
+# One xrdcp logs in once, whatever its --streams (the extra streams bind to that session); a
+# disk copy's commit step logs in once more.
+XROOTD_LOGIN = re.compile(rb"XrootdXeq: \S+ \S+ \S+ login")
+# xrootd refuses to run as root; an agent started as root runs it as this user.
+XROOTD_USER = "nobody"
+
+
+def _xrootd_argv(program: str, port: int, bind: str | None, rate_bps: int | None) -> list[str]:
+    # The configuration sits in the server's working directory (the slot's); -l -: log lines on
+    # the agent's pipe, where the guard reads them.
+    # Short instance name: it is part of the admin socket's path (108 bytes at most).
+    argv = [program, "-c", XROOTD_CONFIG, "-n", "x", "-p", str(port), "-l", "-"]
+    # bind is not used: xrootd 5.5 listens on all addresses and has no option for one.
+    if os.geteuid() == 0:
+        argv += ["-R", XROOTD_USER]
+    return argv
+
+
+def _xrootd_setup(workdir: Path, grant: Grant) -> None:
+    data = workdir / XROOTD_DATA
+    admin = workdir / "a"
+    data.mkdir()
+    admin.mkdir()
+    lines = [
+        f"oss.localroot {data}",
+        "all.export /",
+        f"all.adminpath {admin}",
+        f"all.pidpath {admin}",
+        # No third-party copies, no stage-in: one client writing one file.
+        "xrootd.async off",
+    ]
+    if grant.size_bytes is not None:
+        # The server refuses an open whose announced size (xrdcp's oss.asize) exceeds it.
+        lines.append(f"oss.maxsize {grant.size_bytes}")
+    (workdir / XROOTD_CONFIG).write_text("\n".join(lines) + "\n")
+    if os.geteuid() == 0:
+        for path in (workdir, data, admin):
+            shutil.chown(path, XROOTD_USER)
+
+
+XROOTD_LOGINS = 2
+
+
+class XrootdGuard:
+    """One copy per slot: a login beyond the copy's and its commit's is another client's."""
+
+    def __init__(self, grant: Grant) -> None:
+        self.grant = grant
+        self.logins = 0
+
+    def line(self, line: bytes) -> str | None:
+        if XROOTD_LOGIN.search(line):
+            self.logins += 1
+            if self.logins > XROOTD_LOGINS:
+                return f"login {self.logins} to a slot granted one copy (and its commit)"
+        return None
+
+    def inspect_sockets(self, line: bytes) -> bool:
+        return False
+
+    def carries_data(self, peer_port: int) -> bool:
+        return True
+
+
+XROOTD = ServerKind(
+    name="xrootd",
+    program="xrootd",
+    version_argv=("-v",),
+    ready=b"------ xrootd ",
+    # "------ xrootd NAME@HOST:PORT initialization completed." — or "... failed."
+    ready_pattern=re.compile(rb"^------ xrootd \S+ initialization completed\."),
+    argv=_xrootd_argv,
+    guard=XrootdGuard,
+    setup=_xrootd_setup,
+)
+
+KINDS: dict[str, ServerKind] = {kind.name: kind for kind in (IPERF3, XROOTD)}
 DEFAULT_KIND = IPERF3.name
 
 

@@ -188,6 +188,9 @@ def _kind(name: str) -> ServerKind:
         raise RemoteError(
             f"an SSH target cannot start a {name!r} server (known: {', '.join(KINDS)})"
         )
+    if kind.setup is not None:
+        # Its configuration would have to be written on the target first: agent targets only.
+        raise RemoteError(f"an SSH target cannot start a {name!r} server; run the iepm agent there")
     return kind
 
 

@@ -50,8 +50,10 @@ class Limits(StrictModel):
     # --server-bitrate-limit). None: no limit.
     max_rate: str | None = None
     tests_per_hour: int = Field(default=12, ge=1, le=3600)
+    # Largest file a copy (xrootd) may write here.
+    max_size: str = "1G"
 
-    @field_validator("max_window")
+    @field_validator("max_window", "max_size")
     @classmethod
     def _window(cls, value: str) -> str:
         try:
@@ -73,6 +75,10 @@ class Limits(StrictModel):
     @property
     def max_window_bytes(self) -> int:
         return size_bytes(self.max_window, base=1024)
+
+    @property
+    def max_size_bytes(self) -> int:
+        return size_bytes(self.max_size, base=1024)
 
     @property
     def max_rate_bps(self) -> int | None:
@@ -113,6 +119,8 @@ class AgentSettings(StrictModel):
     name: str = "iepm-agent"
     # State file and per-test work directories; must survive agent restarts.
     state_dir: str = "/var/lib/iepm-agent"
+    # Work directories of slots whose files must stay in memory (a copy's sink): a tmpfs.
+    memory_dir: str = "/dev/shm/iepm-agent"
     # Ports the agent may pick for one-shot servers (inclusive).
     server_ports: tuple[int, int] = (5301, 5399)
     # Address the servers bind to (default: all of this host's addresses).

@@ -35,6 +35,8 @@ MONITORS: dict[str, dict[str, Any]] = {
         "tests_per_hour": 100,
     },
     "hourly": {"max_duration_s": 5, "tests_per_hour": 1},
+    # Long, large copies (benchmarks/commit_at_end.py's 1 GB onto a slow disk).
+    "bulk": {"max_duration_s": 900, "max_size": "2G", "tests_per_hour": 100},
     "nobody": {},
 }
 
@@ -121,6 +123,13 @@ class RunningAgent:
         return self.log_path.read_text(errors="replace")
 
 
+def _toml(value: Any) -> str:
+    """A TOML value: JSON's scalars and arrays are TOML; a table is written inline."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
 def agent_toml(
     state_dir: Path,
     tokens: dict[str, str],
@@ -130,6 +139,7 @@ def agent_toml(
     ports: str,
     tls: dict[str, str] | None = None,
     settings: dict[str, Any] | None = None,
+    kinds: list[str] | None = None,
 ) -> str:
     lines = [
         "[agent]",
@@ -139,7 +149,7 @@ def agent_toml(
         f"slot_grace_s = {grace_s}",
     ]
     lines += [f'{key} = "{value}"' for key, value in (tls or {}).items()]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in (settings or {}).items()]
+    lines += [f"{key} = {_toml(value)}" for key, value in (settings or {}).items()]
     if bind:
         lines.append(f'server_bind = "{bind}"')
     for name, limits in MONITORS.items():
@@ -149,7 +159,8 @@ def agent_toml(
             f'name = "{name}"',
             f'token_sha256 = "{token_digest(tokens[name])}"',
         ]
-        lines.append("probes = []" if name == "nobody" else 'probes = ["iperf3"]')
+        allowed = [] if name == "nobody" else kinds or ["iperf3"]
+        lines.append(f"probes = {json.dumps(allowed)}")
         if limits:
             lines.append("[monitors.limits]")
             lines += [f"{k} = {json.dumps(v)}" for k, v in limits.items()]
@@ -167,9 +178,11 @@ def running_agent(
     tls: dict[str, str] | None = None,
     settings: dict[str, Any] | None = None,
     nofile: int | None = None,
+    kinds: tuple[str, ...] = ("iperf3",),
 ) -> Iterator[RunningAgent]:
     """``tls``: agent.toml's tls_cert, tls_key and (mutual TLS) tls_client_ca; ``settings``:
-    more of its [agent] table; ``nofile``: the agent's file-descriptor limit."""
+    more of its [agent] table; ``nofile``: the agent's file-descriptor limit; ``kinds``: the server
+    kinds its monitors may ask for."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     tokens = {name: new_token() for name in MONITORS}
@@ -184,6 +197,7 @@ def running_agent(
             ports=f"[{low}, {low + 50}]",
             tls=tls,
             settings=settings,
+            kinds=list(kinds),
         )
     )
     argv = [sys.executable, "-m", "iepm.cli", "agent", "--listen", f"{address}:{port}"]

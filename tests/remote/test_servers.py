@@ -3,12 +3,16 @@ and the socket-buffer reading on real outputs (iperf3 3.12 -V, iproute2 ss -m)."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from iepm.probes import PROBES
 from iepm.remote.servers import (
     IPERF3,
     KINDS,
+    XROOTD,
     Grant,
     Iperf3Guard,
+    XrootdGuard,
     buffer_excess,
     buffer_sizes,
 )
@@ -43,7 +47,7 @@ def grant(**changes: object) -> Grant:
     return Grant(**{**fields, **changes})  # type: ignore[arg-type]
 
 
-def feed(guard: Iperf3Guard, output: bytes) -> list[str]:
+def feed(guard: Iperf3Guard | XrootdGuard, output: bytes) -> list[str]:
     return [r for line in output.splitlines(keepends=True) if (r := guard.line(line))]
 
 
@@ -92,4 +96,37 @@ def test_the_iperf3_server_argv_has_no_request_text() -> None:
     assert argv == [
         "iperf3", "-s", "-1", "-V", "-p", "5301", "--forceflush",
         "-B", "198.18.0.10", "--server-bitrate-limit", "20000000",
+    ]  # fmt: skip
+
+
+# xrootd 5.5.3 -l - as a copy and its commit log in (recorded on loopback).
+XROOTD_LOGINS = b"""\
+261124 23:15:11 3434 XrootdXeq: root.3571:27@[::ffff:127.0.0.1] pvt IP46 login
+261124 23:15:12 3433 XrootdXeq: root.3571:27@[::ffff:127.0.0.1] disc 0:00:01
+261124 23:15:21 3413 XrootdXeq: root.3880:23@[::ffff:127.0.0.1] pvt IP46 login
+"""
+
+
+def test_the_xrootd_guard_allows_a_copy_and_its_commit_and_cuts_a_third_login() -> None:
+    guard = XrootdGuard(grant())
+    assert feed(guard, XROOTD_LOGINS) == []
+    third = b"261124 23:15:30 3413 XrootdXeq: root.4000:25@[::ffff:198.18.0.9] pvt IP46 login\n"
+    assert guard.line(third) == "login 3 to a slot granted one copy (and its commit)"
+
+
+def test_xrootd_is_ready_only_when_it_says_it_completed() -> None:
+    assert XROOTD.is_ready(b"------ xrootd x@vm:31555 initialization completed.\n")
+    assert not XROOTD.is_ready(b"------ xrootd x@vm:31555 initialization failed.\n")
+    assert not XROOTD.is_ready(b"------ xroot protocol initialization completed.\n")
+
+
+def test_the_xrootd_slot_exports_only_its_data_directory_within_the_size_grant(
+    tmp_path: Path,
+) -> None:
+    XROOTD.setup(tmp_path, grant(size_bytes=1 << 30))
+    config = (tmp_path / "xrootd.cf").read_text().splitlines()
+    assert f"oss.localroot {tmp_path / 'data'}" in config and "all.export /" in config
+    assert "oss.maxsize 1073741824" in config
+    assert XROOTD.argv("xrootd", 5301, None, None)[:8] == [
+        "xrootd", "-c", "xrootd.cf", "-n", "x", "-p", "5301", "-l",
     ]  # fmt: skip

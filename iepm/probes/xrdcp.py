@@ -1,0 +1,501 @@
+"""XRootD copies with ``xrdcp``: what the memory-to-memory and disk-to-disk probes share.
+
+The copy's phases are read from xrdcp's own debug log (``--debug 2``: one timestamped line per
+event, microseconds, on stderr), so ``parse()`` stays pure and ``iepm extract`` reproduces every
+timer from the raw log alone. Learnt from xrdcp 5.5.3:
+
+* The destination is opened only after the client connected, did the handshake, logged in
+  (and bound its extra ``--streams``) and stat-ed the path: **set-up** runs from xrdcp's first
+  log line to the destination's "successfully opened". **Transfer** runs from there to the
+  destination's "Sending a close command"; **commit** from there to its "Close returned".
+* xrdcp prints its rate only in a progress bar drawn on a terminal: with its output captured it
+  says nothing. What a person timing ``xrdcp`` sees is the whole run, set-up included, so
+  ``end_to_end_throughput_bps`` is bytes over xrdcp's first-to-last log line, next to
+  ``throughput_bps`` over the transfer time alone (the bias the seeds found in bbftp).
+* A failed copy ends with one line ``Run: [ERROR|FATAL] <what> (source|destination)``, exit
+  status non-zero. With ``--streams`` > 1, 5.5.3 also logs a harmless "The given URL is empty"
+  error per chunk; only the ``Run:`` line decides.
+* The client retries a refused connection for ``ConnectionWindow`` × ``ConnectionRetry``
+  seconds (120 × 5 by default): the probe sets both (``-DI``), or a target that is down would
+  hold the monitor for ten minutes.
+* xrdcp has no socket-buffer option (the kernel autotunes); ``--streams`` is its parallelism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import os
+import re
+import secrets
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed, ToolNotFound
+from iepm.probes.base import (
+    Column,
+    ProbeContext,
+    ProbeSpec,
+    ServerNeed,
+    failed_result,
+    figure,
+    result_from_raw,
+)
+from iepm.results import Outcome, Result
+from iepm.runner import RawRun, run_command, tool_version
+from iepm.units import size_bytes
+
+TOOL = "xrdcp"
+SERVER = "xrootd"
+DEFAULT_PORT = 1094
+VERSION_ARGV = ("xrdcp", "--version")
+MIN_SIZE = 1024 * 1024
+MAX_SIZE = 64 * 1024**3
+# Topics of xrdcp's log the timers need; the rest (message handlers, poller) doubles its size.
+LOG_MASK = "File|Utility|PostMaster|XRootDTransport|XRootD|AsyncSock"
+# Memory file system for a generated source: a sparse file reads as zeros without using memory.
+MEMORY_DIR = "/dev/shm"
+# The commit step: Debian's python3 (it has python3-xrootd) running xrdsync.py.
+SYNC_PYTHON = "/usr/bin/python3"
+SYNC_SCRIPT = str(Path(__file__).with_name("xrdsync.py"))
+PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+
+LINE = re.compile(
+    r"^\[(?P<when>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ [+-]\d{4})\]"
+    r"\[(?P<level>\w+)\s*\]\[(?P<topic>\w+)\s*\] (?P<text>.*)$"
+)
+# The failure's own line: "Run: [FATAL] ..." or, for some server refusals, an App error.
+RUN_ERROR = re.compile(
+    r"^(?:Run: |\[[^]]+\]\[Error\s*\]\[App\s*\] )\[(?:ERROR|FATAL)\] (?P<what>.*?)\s*"
+    r"(?:\((?P<side>source|destination)\))?\s*$"
+)
+ASIZE = re.compile(r"^Opening root://\S+?\?oss\.asize=(\d+) for writing")
+SERVER_SAID = re.compile(r"\[(\d{4})\] (.*)$")
+
+Storage = Literal["memory", "disk"]
+
+COLUMNS = [
+    Column("bytes", "bytes copied"),
+    Column("streams", "TCP connections xrdcp used (--streams)"),
+    Column("setup_s", "connect, handshake, login and open of the destination, s"),
+    Column("connect_s", "connect and login (part of setup_s), s"),
+    Column("transfer_s", "from the destination's open to its close request, s"),
+    Column("commit_s", "close (and, when asked, sync) of the destination, s"),
+    Column("elapsed_s", "xrdcp's whole run, first to last log line, s"),
+    Column("throughput_bps", "bytes over transfer_s, bit/s"),
+    Column("end_to_end_throughput_bps", "bytes over elapsed_s (set-up included), bit/s"),
+    Column("sync_s", "the server's sync of the copy (commit = at_end), s"),
+    Column("committed_throughput_bps", "bytes over transfer_s + commit_s (at_end), bit/s"),
+]
+
+
+class TransferSpec(ProbeSpec):
+    """One xrdcp copy. On an agent target the agent starts xrootd for the copy (its own export
+    directory, port and deadline); on a plain endpoint the copy writes into ``remote_dir``."""
+
+    size: str = Field(
+        default="256M",
+        description="bytes to copy, with K/M/G (binary), from 1M to 64G",
+    )
+    streams: int = Field(default=1, ge=1, le=15, description="parallel TCP streams (--streams)")
+    duration_s: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="limit on the whole copy, s: xrdcp is killed at this deadline",
+        json_schema_extra={"cli": "duration"},
+    )
+    connect_timeout_s: int = Field(
+        default=5,
+        ge=1,
+        le=120,
+        description="give up connecting after this many seconds",
+        json_schema_extra={"cli": "connect-timeout"},
+    )
+    port: int = Field(
+        default=DEFAULT_PORT, ge=1, le=65535, description="xrootd port of a plain endpoint"
+    )
+    remote_dir: str = Field(
+        default="/tmp",
+        description="directory a plain endpoint exports for the copy (agent: the slot's own)",
+    )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        try:
+            nbytes = size_bytes(value, base=1024)
+        except ValueError:
+            raise ValueError(f"size {value!r} is not a size like 64M or 1G") from None
+        if not MIN_SIZE <= nbytes <= MAX_SIZE:
+            raise ValueError(f"size {value!r} must be between 1M and 64G")
+        return value.strip()
+
+    @field_validator("remote_dir")
+    @classmethod
+    def _remote_dir(cls, value: str) -> str:
+        if not PATH_RE.match(value) or "/../" in f"{value}/":
+            raise ValueError(
+                f"remote_dir {value!r} must be an absolute path of letters, digits, '.', '_', "
+                "'-' and '/' (no '..')"
+            )
+        return value
+
+    @property
+    def size_bytes(self) -> int:
+        return size_bytes(self.size, base=1024)
+
+    def deadline_s(self) -> float:
+        return self.duration_s
+
+
+def build_argv(
+    spec: TransferSpec,
+    address: str,
+    *,
+    source: str = f"{MEMORY_DIR}/iepm-xrdcp.src",
+    path: str | None = None,
+    port: int | None = None,
+) -> list[str]:
+    """The xrdcp command copying ``source`` to ``path`` on the server."""
+    host = f"[{address}]" if ":" in address else address
+    path = path or f"{spec.remote_dir.rstrip('/')}/iepm-xrdcp.dat"
+    url = f"root://{host}:{port or spec.port}/{path}"
+    return [
+        "xrdcp", "--force", "--nopbar", "--streams", str(spec.streams), "--debug", "2",
+        # Connection attempts end within the probe's connect timeout (see the module doc).
+        "-DIConnectionWindow", str(spec.connect_timeout_s), "-DIConnectionRetry", "1",
+        "-DIRequestTimeout", str(math.ceil(spec.duration_s)),
+        "-DSLogMask", LOG_MASK,
+        source, url,
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# parse
+
+
+@dataclass
+class Events:
+    """Timestamps (s since the epoch) of what xrdcp logged, None when it did not get there."""
+
+    first: float | None = None
+    last: float | None = None
+    connected: float | None = None
+    opened: float | None = None
+    close_sent: float | None = None
+    closed: float | None = None
+    close_ok: bool = False
+    size: int | None = None
+    substreams: int = 0
+
+
+def _when(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f %z").timestamp()
+
+
+def events(log: str) -> Events:
+    found = Events()
+    for line in log.splitlines():
+        match = LINE.match(line)
+        if match is None:
+            continue
+        at = _when(match["when"])
+        found.first = at if found.first is None else found.first
+        found.last = at
+        text = match["text"]
+        if "Logged in, session" in text and found.connected is None:
+            found.connected = at
+        elif "Stream " in text and " connected" in text and "Stream 0 " not in text:
+            found.substreams += 1
+        size = ASIZE.match(text)
+        if size is not None:
+            found.size = int(size[1])
+        # The destination's own lines name it by URL; the source's are file://.
+        if "@root://" not in text and "@roots://" not in text:
+            continue
+        if "successfully opened at" in text and found.opened is None:
+            found.opened = at
+        elif "Sending a close command" in text:
+            found.close_sent = at
+        elif "Close returned from" in text:
+            found.closed = at
+            found.close_ok = "[SUCCESS]" in text
+    return found
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(max(0.0, end - start), 6)
+
+
+def _bps(nbytes: int | None, seconds: float | None) -> float | None:
+    if nbytes is None or not seconds:
+        return None
+    return round(nbytes * 8 / seconds, 1)
+
+
+def where(argv: tuple[str, ...]) -> str:
+    url = next((a for a in argv if a.startswith(("root://", "roots://"))), "the server")
+    return url.split("://", 1)[-1].split("/", 1)[0]
+
+
+def explain(what: str, side: str | None, argv: tuple[str, ...]) -> str:
+    """xrdcp's ``Run:`` line turned into something a person can act on (original kept)."""
+    server = where(argv)
+    what = what.replace("\0", "").strip()  # the server's message ends in a NUL
+    said = f"(xrdcp: {what}{f' ({side})' if side else ''})"
+    low = what.lower()
+    code = SERVER_SAID.search(what)
+    if "connection error" in low or "connection refused" in low:
+        return (
+            f"cannot connect to xrootd on {server} — is the xrootd server (Debian: xrootd-server) "
+            f"or the iepm agent running there, and the port open? {said}"
+        )
+    if "permission denied" in low or (code is not None and code[1] in ("3010", "3030")):
+        return (
+            f"the xrootd server on {server} refused to write the file: permission denied — is "
+            f"the directory exported and writable by the server's user? {said}"
+        )
+    if "no such file" in low or (code is not None and code[1] == "3011"):
+        return (
+            f"the xrootd server on {server} has no such directory: remote_dir is not exported "
+            f"there or does not exist {said}"
+        )
+    if "no space" in low or "not enough free space" in low or "maxsize" in low:
+        return f"no room for the copy on {server}: its file system (or size limit) is full {said}"
+    if "operation expired" in low or "timed out" in low:
+        return f"the xrootd server on {server} stopped answering mid-copy {said}"
+    return f"xrdcp to {server} failed: {what}"
+
+
+def parse(raw: RawRun, spec: TransferSpec | None = None) -> dict[str, Any]:
+    """Timers and rates from xrdcp's debug log; ToolFailed for xrdcp's own errors, ParseError
+    for output that is not an xrdcp debug log."""
+    log = raw.stderr
+    failure = next(
+        (m for line in reversed(log.splitlines()) if (m := RUN_ERROR.match(line.strip()))), None
+    )
+    found = events(log)
+    if failure is not None:
+        raise ToolFailed(explain(failure["what"], failure["side"], raw.argv))
+    if found.first is None:
+        complaint = next((ln.strip() for ln in reversed(log.splitlines()) if ln.strip()), None)
+        if complaint and not raw.timed_out:
+            raise ToolFailed(f"xrdcp to {where(raw.argv)} wrote no log; it said: {complaint}")
+        raise ParseError(
+            f"xrdcp to {where(raw.argv)} wrote no debug log (exit {raw.returncode}); it was "
+            "killed or crashed before starting"
+        )
+    complete = found.close_ok and raw.returncode == 0 and not raw.timed_out
+    nbytes = found.size if complete else None
+    streams = spec.streams if spec is not None else _streams(raw.argv)
+    transfer_s = _span(found.opened, found.close_sent)
+    elapsed_s = _span(found.first, found.last)
+    data: dict[str, Any] = {
+        "complete": complete,
+        "bytes": nbytes,
+        "size_bytes": found.size,
+        "streams": streams,
+        # Stream 0 carries the session; xrdcp adds one per --streams for the data.
+        "connected_streams": found.substreams or (1 if found.connected is not None else 0),
+        "setup_s": _span(found.first, found.opened),
+        "connect_s": _span(found.first, found.connected),
+        "transfer_s": transfer_s,
+        "commit_s": _span(found.close_sent, found.closed),
+        "elapsed_s": elapsed_s,
+        "throughput_bps": _bps(nbytes, transfer_s),
+        "end_to_end_throughput_bps": _bps(nbytes, elapsed_s),
+    }
+    if not complete:
+        phase = (
+            "connecting and logging in"
+            if found.connected is None
+            else "opening the destination"
+            if found.opened is None
+            else "copying"
+            if found.close_sent is None
+            else "closing the destination"
+        )
+        data["tool_error"] = f"xrdcp to {where(raw.argv)} did not finish: it was {phase}"
+    return data
+
+
+def _streams(argv: tuple[str, ...]) -> int | None:
+    for flag, value in itertools.pairwise(argv):
+        if flag in ("--streams", "-S") and value.isdigit():
+            return int(value)
+    return None
+
+
+def check(data: dict[str, Any], spec: TransferSpec) -> str | None:
+    if not data.get("complete"):
+        return str(data.get("tool_error") or "xrdcp did not finish the copy")
+    if spec is not None and data.get("bytes") != spec.size_bytes:
+        return f"xrdcp copied {data.get('bytes')} bytes, the spec asked for {spec.size_bytes}"
+    if not data.get("throughput_bps"):
+        return "xrdcp reported no transfer time: the log lacks the destination's open or close"
+    return None
+
+
+def summary(data: dict[str, Any]) -> str:
+    def mbps(bps: float | None) -> str:
+        return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
+
+    return (
+        f"{mbps(data.get('throughput_bps'))} over the transfer, "
+        f"{mbps(data.get('end_to_end_throughput_bps'))} end to end; setup "
+        f"{figure(data.get('setup_s'))} s, transfer {figure(data.get('transfer_s'))} s, commit "
+        f"{figure(data.get('commit_s'))} s"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def sweep_sources() -> None:
+    """Remove the sources of monitors that died mid-copy (the PID in the name is gone)."""
+    for stale in Path(MEMORY_DIR).glob("iepm-xrdcp-*-*"):
+        pid = stale.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def memory_source(nbytes: int) -> Iterator[str]:
+    """A sparse file of ``nbytes`` on a memory file system: reads as zeros at memory speed and
+    holds no pages. Removed afterwards."""
+    sweep_sources()
+    directory = tempfile.mkdtemp(prefix=f"iepm-xrdcp-{os.getpid()}-", dir=MEMORY_DIR)
+    path = Path(directory) / "source"
+    try:
+        with path.open("wb") as f:
+            f.truncate(nbytes)
+        yield str(path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        os.rmdir(directory)
+
+
+async def remove_remote(ctx: ProbeContext, spec: TransferSpec, port: int, path: str) -> str:
+    """Remove a plain endpoint's copy (an agent removes its slot's files itself); one line for
+    the diags."""
+    host = f"[{ctx.address}]" if ":" in ctx.address else ctx.address
+    argv = ctx.wrap(["xrdfs", f"root://{host}:{port}", "rm", path])
+    env = {**os.environ, "XRD_CONNECTIONWINDOW": str(spec.connect_timeout_s)}
+    env["XRD_CONNECTIONRETRY"] = "1"
+    try:
+        raw = await run_command(argv, spec.connect_timeout_s + 5.0, env=env)
+    except ToolNotFound as exc:
+        return f"[copy left on the endpoint: {exc}]"
+    if raw.returncode != 0 or raw.timed_out:
+        said = (raw.stderr.strip().splitlines() or ["(nothing)"])[-1]
+        return f"[removing {path} failed: {shlex.join(argv)}: {said}]"
+    return f"[removed {path}]"
+
+
+def sync_argv(url: str, timeout_s: int) -> list[str]:
+    return [SYNC_PYTHON, "-I", SYNC_SCRIPT, url, str(timeout_s)]
+
+
+def parse_sync(raw: RawRun) -> dict[str, Any]:
+    """The commit step's figures (see :mod:`.xrdsync`); ToolFailed when it did not sync."""
+    line = next((ln for ln in reversed(raw.stdout.splitlines()) if ln.startswith("{")), None)
+    if raw.timed_out:
+        raise ToolFailed("the server did not finish syncing the copy before the deadline")
+    try:
+        found = json.loads(line) if line else None
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        said = (raw.stderr.strip().splitlines() or ["(nothing)"])[-1]
+        raise ParseError(f"the commit step printed no figures (exit {raw.returncode}): {said}")
+    if "error" in found:
+        raise ToolFailed(f"committing the copy failed: {found['error']}")
+    return {key: float(found[key]) for key in ("open_s", "sync_s", "close_s")}
+
+
+def with_commit(data: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
+    """Copy figures with the server's sync counted into the commit."""
+    commit_s = round((data.get("commit_s") or 0.0) + sync["sync_s"], 6)
+    transfer_s = data.get("transfer_s")
+    done_s = None if transfer_s is None else transfer_s + commit_s
+    return {
+        **data,
+        "sync_s": sync["sync_s"],
+        "commit_s": commit_s,
+        "committed_throughput_bps": _bps(data.get("bytes"), done_s),
+    }
+
+
+async def run_copy(
+    module: ModuleType,
+    spec: TransferSpec,
+    ctx: ProbeContext,
+    storage: Storage,
+    source: contextlib.AbstractContextManager[str],
+    *,
+    commit: bool = False,
+) -> Result:
+    """Lease a server, copy ``source`` to it (and with ``commit`` have the server sync it before
+    the lease ends), log the runs raw, parse them; failures as data."""
+    need = ServerNeed(
+        kind=SERVER,
+        duration_s=math.ceil(spec.duration_s),
+        streams=spec.streams,
+        size_bytes=spec.size_bytes,
+        storage=storage,
+    )
+    name = f"iepm-{secrets.token_hex(8)}.dat"
+    notes: list[str] = []
+    synced: RawRun | None = None
+    try:
+        version = await tool_version(ctx.wrap(VERSION_ARGV))
+        async with ctx.server(need) as lease:
+            notes.append(lease.note)
+            # An agent's xrootd exports the slot's own directory as "/".
+            port = lease.port or spec.port
+            path = f"/{name}" if lease.port is not None else f"{spec.remote_dir.rstrip('/')}/{name}"
+            with source as source_path:
+                argv = ctx.wrap(
+                    build_argv(spec, lease.address, source=source_path, path=path, port=port)
+                )
+                raw = await run_command(argv, spec.deadline_s())
+            if commit and raw.returncode == 0 and not raw.timed_out:
+                host = f"[{lease.address}]" if ":" in lease.address else lease.address
+                left = max(1, math.ceil(spec.deadline_s() - raw.duration_s))
+                synced = await run_command(
+                    ctx.wrap(sync_argv(f"root://{host}:{port}/{path}", left)), left + 2.0
+                )
+            if lease.port is None:
+                notes.append(await remove_remote(ctx, spec, port, path))
+    except ToolNotFound as exc:
+        return failed_result(module, spec, ctx, str(exc))
+    except (RemoteError, ConfigError, OSError) as exc:
+        return failed_result(module, spec, ctx, str(exc), diags="\n".join(n for n in notes if n))
+    if ctx.raw_log is not None:
+        ctx.raw_log.append(ctx.target, module.NAME, raw, params=spec.model_dump(mode="json"))
+    result = result_from_raw(module, spec, replace(ctx, address=lease.address), raw, version)
+    diags = "\n".join([*(n for n in notes if n), result.diags])
+    update: dict[str, Any] = {"diags": diags}
+    if synced is not None:
+        if ctx.raw_log is not None:
+            ctx.raw_log.append(ctx.target, module.NAME, synced, params=spec.model_dump(mode="json"))
+        update["diags"] += "\n" + synced.diags()
+        try:
+            update["data"] = with_commit(result.data, parse_sync(synced))
+        except (ToolFailed, ParseError) as exc:
+            update |= {"outcome": Outcome.FAILED, "error": str(exc)}
+    return result.model_copy(update=update)
