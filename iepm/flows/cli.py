@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from iepm.cliglue import GuardedTyper, open_archive, parse_listen, parse_moment
+from iepm.cliglue import GuardedTyper, open_archive, parse_moment
 from iepm.errors import UsageError
 
 flows_app = GuardedTyper(
@@ -36,6 +36,14 @@ FormatOpt = Annotated[str, typer.Option("--format", help="table, csv or json.")]
 
 def register(app: typer.Typer) -> None:
     app.add_typer(flows_app, name="flows")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    """ADDR:PORT as ``iepm serve`` takes it, and port 0 for any free port (printed once bound)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise UsageError(f"--listen: expected ADDR:PORT such as 0.0.0.0:2055, got {text[:80]!r}")
+    return host.strip("[]") or "0.0.0.0", int(port_text)
 
 
 def _ms(value: str | None, option: str) -> int | None:
@@ -98,7 +106,7 @@ def collect_command(
     store what is pending and print the counts (records, loss, bad packets) as JSON."""
     from iepm.flows.collector import Collector
 
-    host, port = parse_listen(listen, "0.0.0.0:2055")
+    host, port = _listen(listen)
     archive = open_archive(db, config, reading=False)
     try:
         collector = Collector(

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 # A UDP burst is absorbed by the socket buffer while a batch is decoded or written; the kernel
 # caps it at net.core.rmem_max unless we are root (SO_RCVBUFFORCE).
 RCVBUF_BYTES = 64 << 20
+SO_RCVBUFFORCE = 33  # Linux; Python's socket module does not name it
 MAX_DATAGRAM = 65535
 # How often the receiver looks at the stop flag while no datagram comes.
 POLL_S = 0.2
@@ -69,7 +70,7 @@ class Collector:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, RCVBUF_BYTES)
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
         except OSError:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
         try:

@@ -35,14 +35,17 @@ def flow_from_json(obj: dict[str, Any]) -> Flow | None:
     lines). Raises KeyError/ValueError naming nothing: the caller adds where."""
     if obj.get("type") != "FLOW":
         return None
-    src = obj.get("src4_addr") or obj["src6_addr"]
-    dst = obj.get("dst4_addr") or obj["dst6_addr"]
+    octets, packets, proto = int(obj["in_bytes"]), int(obj["in_packets"]), int(obj["proto"])
+    start, end = _ms(obj["first"]), _ms(obj["last"])
+    src = obj.get("src4_addr") or obj.get("src6_addr")
+    dst = obj.get("dst4_addr") or obj.get("dst6_addr")
+    if src is None or dst is None:
+        raise KeyError("src4_addr" if src is None else "dst4_addr")
     exporter = obj.get("ip4_router") or obj.get("ip6_router") or "unknown"
     return Flow(
         str(exporter), int(obj.get("export_sysid", 0)), 0, str(src), str(dst),
-        int(obj.get("src_port", 0)), int(obj.get("dst_port", 0)), int(obj["proto"]),
-        int(obj["in_bytes"]), int(obj["in_packets"]),
-        _ms(obj["first"]), _ms(obj["last"]), 1,
+        int(obj.get("src_port", 0)), int(obj.get("dst_port", 0)), proto, octets, packets,
+        start, end, 1,
     )  # fmt: skip
 
 
@@ -58,7 +61,7 @@ def parse_json_lines(lines: Iterator[str], name: str) -> Iterator[Flow]:
             continue
         if not buffer:
             continue
-        if stripped in ("}", "},"):
+        if stripped in ("}", "},", "}]"):  # nfdump closes the last object and the list on one line
             buffer.append("}")
             try:
                 obj = json.loads("".join(buffer))
@@ -104,7 +107,9 @@ def read_nfcapd(path: Path, deadline_s: float = NFDUMP_DEADLINE_S) -> Iterator[F
             tool.stop()
         if expired.is_set():
             raise ToolFailed(f"nfdump -r {path}: not finished within {deadline_s:g} s")
-        if code != 0:
-            errors.seek(0)
-            err = errors.read().decode("utf-8", "replace").strip().splitlines()
-            raise ToolFailed(f"nfdump -r {path} exited {code}: {err[-1] if err else 'no message'}")
+        errors.seek(0)
+        said = errors.read().decode("utf-8", "replace").strip().splitlines()
+        # nfdump exits 0 after "Short read from file" on a file that is not nfcapd's: any
+        # complaint on stderr fails the import (what was read is not trusted).
+        if code != 0 or said:
+            raise ToolFailed(f"nfdump -r {path} exited {code}: {said[0] if said else 'no message'}")
