@@ -190,6 +190,9 @@ def compare_command(
     since: SinceOpt = None,
     until: UntilOpt = None,
     min_tests: Annotated[int, typer.Option(min=2, help="Tests needed for R.")] = 50,
+    ports: Annotated[
+        bool, typer.Option("--ports/--no-ports", help="Only flows to the test's server port.")
+    ] = True,
     fmt: FormatOpt = "table",
 ) -> None:
     """Active against passive per target × probe × formula: tests matched, err = (passive −
@@ -208,7 +211,7 @@ def compare_command(
         flows = list(read_flows(archive, since_ms=lo, until_ms=hi))
     finally:
         archive.close()
-    matches, unmatched = match(results, flows)
+    matches, unmatched = match(results, flows, by_port=ports)
     rows = table(matches, min_tests)
     out = [
         {

@@ -18,10 +18,13 @@ from iepm.flows.decode import Flow
 from iepm.flows.instances import FORMULAS, Instance, group
 from iepm.results import Result
 
-# Flows may be stamped a little before the test's recorded start (clock steps, the control
-# connection opens first) and their start may lag it (connection set-up).
+# Flows may be stamped a little before the test's recorded start (the exporter's clock is not
+# ours) and their start lags it by the connection set-up: candidates start in this span...
 BEFORE_S = 2.0
 AFTER_S = 5.0
+# ...and one test's streams all open within this of each other (iperf3: a few ms), so tests run
+# back to back stay apart.
+TEST_WINDOW_S = 1.0
 MIN_TESTS_FOR_R = 50
 
 
@@ -66,16 +69,22 @@ def _window(result: Result) -> tuple[int, int]:
 
 
 def match(
-    results: Iterable[Result], flows: Sequence[Flow], *, metric: str = "throughput_bps"
+    results: Iterable[Result],
+    flows: Sequence[Flow],
+    *,
+    metric: str = "throughput_bps",
+    by_port: bool = True,
+    window_s: float = TEST_WINDOW_S,
 ) -> tuple[list[Match], int]:
     """Match each succeeded result with ``data[metric]`` to the flows to its target's address
-    and server port starting in its window. Returns the matches and how many results found no
-    flows."""
+    (and server port, if ``by_port``: the refinement that keeps an unrelated connection
+    between the same hosts out) starting in its window. Returns the matches and how many
+    results found no flows."""
     by_dst: dict[tuple[str, int], list[Flow]] = {}
     by_src: dict[tuple[str, int], list[Flow]] = {}
     for f in flows:
-        by_dst.setdefault((f.dst, f.dport), []).append(f)
-        by_src.setdefault((f.src, f.sport), []).append(f)
+        by_dst.setdefault((f.dst, f.dport if by_port else 0), []).append(f)
+        by_src.setdefault((f.src, f.sport if by_port else 0), []).append(f)
     matches: list[Match] = []
     unmatched = 0
     for result in results:
@@ -83,7 +92,7 @@ def match(
         if not result.succeeded or not isinstance(active, int | float) or active <= 0:
             continue
         address = result.target_address or result.target
-        port = int(result.params.get("port", 5201))
+        port = int(result.params.get("port", 5201)) if by_port else 0
         lo, hi = _window(result)
         if result.params.get("reverse"):
             candidates = [f for f in by_src.get((address, port), []) if lo <= f.start_ms <= hi]
@@ -92,9 +101,10 @@ def match(
         if not candidates:
             unmatched += 1
             continue
-        # The one instance in the window: a longer window would have joined two tests.
-        instances = group(candidates, window_s=(hi - lo) / 1000, by_port=False)
-        best = max(instances, key=lambda i: i.bytes)
+        # The instance that began nearest the test's start (the largest if two are as near).
+        start = lo + int(BEFORE_S * 1000)
+        instances = group(candidates, window_s=window_s, by_port=False)
+        best = min(instances, key=lambda i: (abs(i.start_ms - start), -i.bytes))
         matches.append(Match(result, best, float(active)))
     return matches, unmatched
 

@@ -153,6 +153,8 @@ class _Domain:
     next_seq: int | None = None
     sampling: int = 1
     system_init_ms: int | None = None
+    # v9 exporter's boot time, Unix ms: the tightest lower bound seen (see _v9).
+    boot_ms: int | None = None
 
 
 V5_HEADER = struct.Struct("!HHIIIIBBH")
@@ -265,7 +267,14 @@ class Decoder:
         self._sequence(state, seq, 1, per_packet=True)
         flows: list[Flow] = []
         self._sets(packet, V9_HEADER.size, len(packet), state, exporter, source, 9, flows)
-        base = (secs * 1000, uptime)
+        # The v9 header's clock has whole seconds, so secs*1000 - uptime underestimates the
+        # boot time by up to a second, differently in each packet. The largest such bound seen
+        # is the closest: times then keep their milliseconds instead of jumping by up to 1 s
+        # between packets. A bound a second below it means the exporter's clock stepped back.
+        boot = secs * 1000 - uptime
+        if state.boot_ms is None or boot > state.boot_ms or boot < state.boot_ms - 1000:
+            state.boot_ms = boot
+        base = (state.boot_ms + uptime, uptime)
         return [self._timed(f, base, state) for f in flows]
 
     def _ipfix(self, packet: bytes, exporter: str) -> list[Flow]:

@@ -219,3 +219,23 @@ def test_ipfix_variable_length_and_enterprise_fields() -> None:
         ("198.18.1.2", 5000, 0),
         ("198.18.1.3", 7, 0),
     ]
+
+
+def test_v9_times_keep_their_milliseconds_across_packets() -> None:
+    """The v9 header has whole seconds: the decoder keeps the tightest boot time seen."""
+    decoder = Decoder()
+    boot = NOW - UPTIME  # the exporter's true boot time (NOW is on a whole second)
+    got = []
+    for fraction_ms in (300, 990, 10):
+        true_now = NOW + 5000 + fraction_ms
+        uptime = true_now - boot
+        f = F("198.18.1.2", "198.18.2.2", 1, 2, 6, 100, 1, true_now - 500, true_now - 20)
+        # The encoder's header carries true_now // 1000 seconds; uptime is exact.
+        data = enc.data_set(256, [f], enc.V9_FIELDS, now_ms=true_now, uptime_ms=uptime)
+        packet = enc.v9([enc.template_set(9, 256, enc.V9_FIELDS), data], seq=fraction_ms,
+                        now_ms=true_now, uptime_ms=uptime)  # fmt: skip
+        (flow,) = decoder.decode(packet, EXP)
+        got.append(flow.start_ms - f.start_ms)
+    # Each packet's own header says "up to 1 s early"; the decoder keeps the best bound seen:
+    # 300 ms (a 990 ms packet does not make it worse), then 10 ms.
+    assert got == [-300, -300, -10]
