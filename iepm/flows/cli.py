@@ -101,6 +101,9 @@ def collect_command(
     write_deadline_s: Annotated[
         float, typer.Option(min=0.1, max=3600, help="Give up a write after this long.")
     ] = 30.0,
+    rcvbuf_bytes: Annotated[
+        int, typer.Option(min=65536, max=1 << 30, help="Socket receive buffer (absorbs bursts).")
+    ] = 64 << 20,
 ) -> None:
     """Receive NetFlow v5/v9 and IPFIX on ADDR:PORT and store the records; on TERM or Ctrl-C,
     store what is pending and print the counts (records, loss, bad packets) as JSON."""
@@ -111,7 +114,7 @@ def collect_command(
     try:
         collector = Collector(
             archive, host, port, batch_records=batch, flush_s=flush_s,
-            write_deadline_s=write_deadline_s,
+            write_deadline_s=write_deadline_s, rcvbuf_bytes=rcvbuf_bytes,
         )  # fmt: skip
         bound = collector.address
         sys.stderr.write(f"listening on {bound[0]}:{bound[1]}\n")

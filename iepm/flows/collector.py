@@ -30,6 +30,8 @@ SO_RCVBUFFORCE = 33  # Linux; Python's socket module does not name it
 MAX_DATAGRAM = 65535
 # How often the receiver looks at the stop flag while no datagram comes.
 POLL_S = 0.2
+# On stop, what the kernel already accepted is still read, for at most this long.
+DRAIN_S = 5.0
 
 
 @dataclass
@@ -66,13 +68,14 @@ class Collector:
         write_deadline_s: float = 30.0,
         queue_batches: int = 8,
         source: str = "udp",
+        rcvbuf_bytes: int = RCVBUF_BYTES,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf_bytes)
         except OSError:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf_bytes)
         try:
             self.sock.bind((host, port))
         except OSError:
@@ -118,6 +121,7 @@ class Collector:
                 if batch and (len(batch) >= self.batch_records or now - flushed >= self.flush_s):
                     self._hand_over(batch)
                     batch, flushed = [], now
+            batch.extend(self._drain())
         finally:
             if batch:
                 self._hand_over(batch)
@@ -128,6 +132,19 @@ class Collector:
             self.sock.close()
             self.report.elapsed_s = time.monotonic() - started
         return self.report
+
+    def _drain(self) -> list[Flow]:
+        """Decode the datagrams already queued on the socket (a TERM must not drop them)."""
+        flows: list[Flow] = []
+        self.sock.settimeout(0.0)
+        deadline = time.monotonic() + DRAIN_S
+        while time.monotonic() < deadline:
+            try:
+                packet, peer = self.sock.recvfrom(MAX_DATAGRAM)
+            except (BlockingIOError, TimeoutError):
+                break
+            flows.extend(self.decoder.decode(packet, peer[0]))
+        return flows
 
     def _hand_over(self, batch: list[Flow]) -> None:
         if not self._queue_put(batch):
