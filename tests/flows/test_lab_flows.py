@@ -52,6 +52,12 @@ def listening(lab: Lab, node: str, port: int, proto: str = "t") -> bool:
     return bool(lab.exec(node, ["ss", f"-Hl{proto}n", f"sport = :{port}"], 5).stdout.strip())
 
 
+def flush(lab: Lab) -> None:
+    """Push filler packets past softflowd: libpcap hands it captured packets a block at a
+    time (TPACKET_V3), so the last packets of a quiet link wait until a block fills."""
+    lab.exec("mon", ["ping", "-q", "-c", "200", "-i", "0", "-s", "1400", lab.address("tgt")], 30)
+
+
 def iperf3(lab: Lab, streams: int) -> Result:
     module = get_probe("iperf3")
     spec = module.Spec.model_validate({"duration_s": 1, "streams": streams, "port": PORT})
@@ -114,6 +120,7 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
         with Archive.open(url) as archive:
 
             def matched() -> list[Any]:
+                flush(lab)
                 flows = list(read_flows(archive))
                 found, _ = match([*results, injected], flows, by_port=False)
                 return found if any(len(m.instance.long_flows()) for m in found) else []
