@@ -32,6 +32,7 @@ pytestmark = [
 ]
 ROOT = Path(__file__).resolve().parents[2]
 PORT, COLLECTOR_PORT, IDLE_PORT = 5201, 2055, 5299
+WINDOWS = ["4K", "8K", "16K", "32K", None]
 TESTS = int(os.environ.get("IEPM_FLOWS_LAB_TESTS", "50"))
 TOPOLOGY = {
     "lab": {"name": "fl", "seed": 14},
@@ -58,9 +59,11 @@ def flush(lab: Lab) -> None:
     lab.exec("mon", ["ping", "-q", "-c", "200", "-i", "0", "-s", "1400", lab.address("tgt")], 30)
 
 
-def iperf3(lab: Lab, streams: int) -> Result:
+def iperf3(lab: Lab, streams: int, window: str | None = None) -> Result:
     module = get_probe("iperf3")
-    spec = module.Spec.model_validate({"duration_s": 1, "streams": streams, "port": PORT})
+    spec = module.Spec.model_validate(
+        {"duration_s": 1, "streams": streams, "port": PORT, "window": window}
+    )
     ctx = ProbeContext(target="tgt", address=lab.address("tgt"), netns=lab.netns("mon"))
     result: Result = asyncio.run(module.run(spec, ctx))
     assert result.succeeded, result.error
@@ -110,7 +113,9 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
     try:
         wait_until(lambda: listening(lab, "tgt", PORT), 10, "iperf3 server")
         wait_until(lambda: listening(lab, "tgt", IDLE_PORT), 10, "idle server")
-        results = [iperf3(lab, 1 + k % 8) for k in range(TESTS)]
+        # Windows of 4–32 KiB make the throughput vary (window-limited, or the link's): R
+        # needs variance to say anything.
+        results = [iperf3(lab, 1 + k % 8, WINDOWS[k % len(WINDOWS)]) for k in range(TESTS)]
         # The injected long flow: opened with the transfer, held 15 times its length.
         holder = lab.popen(
             "mon", [sys.executable, "-c", IDLE_CLIENT, lab.address("tgt"), str(IDLE_PORT), "15"]
@@ -118,6 +123,7 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
         injected = iperf3(lab, 4)
         assert holder.wait(60) == 0
         with Archive.open(url) as archive:
+            archive.add_many([*results, injected])  # for `iepm flows compare --db` afterwards
 
             def matched() -> list[Any]:
                 flush(lab)
