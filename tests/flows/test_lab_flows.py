@@ -120,7 +120,9 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
         holder = lab.popen(
             "mon", [sys.executable, "-c", IDLE_CLIENT, lab.address("tgt"), str(IDLE_PORT), "15"]
         )
-        injected = iperf3(lab, 4)
+        # Window-limited streams: their err is steady (at the link's rate, streams that share
+        # it unfairly spread it), so the long flow's effect is what changes.
+        injected = iperf3(lab, 4, "16K")
         assert holder.wait(60) == 0
         with Archive.open(url) as archive:
             archive.add_many([*results, injected])  # for `iepm flows compare --db` afterwards
@@ -155,12 +157,22 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
     f1 = table(plain, min_tests=TESTS)[0]
     assert f1.n == TESTS and f1.r is not None and f1.r > 0.9
     errs = [m.err(1) for m in plain]
-    assert all(e is not None and abs(e) < 0.05 for e in errs), errs
+    print("formula 1 err per test:", [(m.result.params.get("streams"), m.result.params.get("window"),
+           round(e, 4)) for m, e in zip(plain, errs, strict=True)])  # fmt: skip
+    for row in table(plain, min_tests=TESTS):
+        print(row)
+    # The seed's criterion: a path's err (its median) within 5%, and so its middle half.
+    assert f1.err_median is not None and abs(f1.err_median) < 0.05
+    assert f1.err_p25 is not None and f1.err_p75 is not None
+    assert -0.05 < f1.err_p25 <= f1.err_p75 < 0.05
 
     # By address only (the seed's grouping) the idle connection joins the injected test.
     (inj,) = [m for m in match([injected], flows, by_port=False)[0]]
     assert [f.dport for f in inj.instance.long_flows()] == [IDLE_PORT]
     (clean,) = match([injected], flows)[0]
+    print("injected:", [(k, inj.passive_bps(k), clean.passive_bps(k)) for k in (1, 2, 3)],
+          inj.active_bps)  # fmt: skip
     assert abs(inj.err(1)) < 0.05  # type: ignore[arg-type]
+    assert inj.passive_bps(1) == pytest.approx(clean.passive_bps(1), rel=0.01)
     assert inj.passive_bps(2) < 0.7 * clean.passive_bps(2)  # type: ignore[operator]
     assert inj.passive_bps(3) < 0.2 * clean.passive_bps(3)  # type: ignore[operator]
