@@ -157,8 +157,9 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
     f1 = table(plain, min_tests=TESTS)[0]
     assert f1.n == TESTS and f1.r is not None and f1.r > 0.9
     errs = [m.err(1) for m in plain]
-    print("formula 1 err per test:", [(m.result.params.get("streams"), m.result.params.get("window"),
-           round(e, 4)) for m, e in zip(plain, errs, strict=True)])  # fmt: skip
+    shown = [(m.result.params.get("streams"), m.result.params.get("window"), e) for m, e in
+             zip(plain, errs, strict=True)]  # fmt: skip
+    print("formula 1 err per test (streams, window, err):", shown)
     for row in table(plain, min_tests=TESTS):
         print(row)
     # The seed's criterion: a path's err (its median) within 5%, and so its middle half.
