@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import struct
+from unittest.mock import patch
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iepm.flows.decode import MAX_TEMPLATES_PER_DOMAIN, Decoder, Flow
+from iepm.flows.decode import MAX_TEMPLATES_PER_DOMAIN, Decoder, Flow, Template
 from tests.flows import encoder as enc
 from tests.flows.encoder import F
 
@@ -239,3 +240,31 @@ def test_v9_times_keep_their_milliseconds_across_packets() -> None:
     # Each packet's own header says "up to 1 s early"; the decoder keeps the best bound seen:
     # 300 ms (a 990 ms packet does not make it worse), then 10 ms.
     assert got == [-300, -300, -10]
+
+
+SECONDS_FIELDS = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 4), (2, 4), (150, 4), (151, 4)]
+
+
+@given(
+    st.lists(flows(), min_size=1, max_size=20),
+    st.sampled_from([(9, enc.V9_FIELDS), (10, enc.IPFIX_FIELDS), (10, SECONDS_FIELDS)]),
+)
+def test_fast_path_reads_what_the_general_path_reads(
+    records: list[F], shape: tuple[int, list[tuple[int, int]]]
+) -> None:
+    version, fields = shape
+    now = NOW - NOW % 1000
+    sets = [enc.template_set(version, 256, fields),
+            enc.data_set(256, records, fields, now_ms=now, uptime_ms=UPTIME)]  # fmt: skip
+    packet = (
+        enc.v9(sets, seq=0, now_ms=now, uptime_ms=UPTIME)
+        if version == 9
+        else enc.ipfix(sets, seq=0, now_ms=now)
+    )
+    fast = Decoder()
+    got = fast.decode(packet, EXP)
+    assert all(t.fast is not None for d in fast._domains.values() for t in d.templates.values())
+    general = Decoder()
+    with patch.object(Template, "_fast_plan", lambda self: None):
+        assert general.decode(packet, EXP) == got
+    assert fast.stats.records == general.stats.records == len(records)
