@@ -440,6 +440,7 @@ def _mount_subcommands() -> None:
     # Each layer owns its commands; these imports are light (heavy ones happen inside commands).
     from iepm.analysis.cli import register as register_analysis
     from iepm.demo import register as register_demo
+    from iepm.flows.cli import register as register_flows
     from iepm.lab.cli import lab_app
     from iepm.mesh.cli import register as register_mesh
     from iepm.remote.cli import register as register_remote
@@ -451,6 +452,7 @@ def _mount_subcommands() -> None:
     register_remote(app)
     register_demo(app)
     register_mesh(app)
+    register_flows(app)
     __import__("iepm.tuning.cli", fromlist=["register"]).register(app)
 
 

@@ -18,6 +18,8 @@ declare -A NEEDED=(
   [xrdcp]=xrootd-client          # the xrdcp_mem / xrdcp_disk probes (monitor side)
   [xrootd]=xrootd-server         # the agent's xrootd server kind (target side)
   [/usr/lib/python3/dist-packages/XRootD]=python3-xrootd  # commit step of xrdcp_disk
+  [nfdump]=nfdump                # `iepm flows import` reads nfcapd files; nfcapd: benchmarks/flows.py
+  [/usr/sbin/softflowd]=softflowd  # the lab's flow exporter (tests/flows/test_lab_flows.py)
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do
@@ -40,6 +42,10 @@ apt-get update -qq
 # iperf3 asks whether to start a system-wide daemon; we never want one.
 echo "iperf3 iperf3/start_daemon boolean false" | debconf-set-selections
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian's nfdump package enables an nfcapd service of its own; iepm collects itself.
+if printf '%s\n' "${missing[@]}" | grep -qx nfdump && command -v systemctl >/dev/null; then
+  systemctl disable --now nfdump.service >/dev/null 2>&1 || true
+fi
 # Debian's postgresql package starts a cluster of its own; the tests run private ones.
 if printf '%s\n' "${missing[@]}" | grep -qx postgresql && command -v pg_ctlcluster >/dev/null; then
   pg_ctlcluster 15 main stop >/dev/null 2>&1 || true

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Date,
@@ -195,4 +196,32 @@ host_leases = Table(
     Column("target", Text, nullable=False),
     Column("expires_s", Float, nullable=False),
     Index(None, "token"),
+)
+
+# One row per flow record collected (``iepm flows collect``) or imported (``iepm flows import``):
+# one direction of one connection as an exporter saw it. Times are Unix milliseconds, as the
+# exports carry them. ``id`` is a digest of the record itself, so a record met twice (a
+# duplicated datagram, a file imported again) is stored once.
+flows = Table(
+    "flows",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("exporter", Text, nullable=False),
+    Column("domain", BigInteger, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("src", Text, nullable=False),
+    Column("dst", Text, nullable=False),
+    Column("sport", Integer, nullable=False),
+    Column("dport", Integer, nullable=False),
+    Column("proto", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("packets", BigInteger, nullable=False),
+    Column("start_ms", BigInteger, nullable=False),
+    Column("end_ms", BigInteger, nullable=False),
+    # 1 in ``sampling`` packets was seen: bytes and packets are as exported (not scaled up).
+    Column("sampling", BigInteger, nullable=False),
+    Column("source", Text, nullable=False),
+    # Instances are built per host pair and time range; active tests are matched the same way.
+    Index(None, "src", "dst", "start_ms"),
+    Index(None, "start_ms"),
 )

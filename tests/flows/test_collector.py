@@ -1,0 +1,175 @@
+"""The UDP collector on loopback, writing to a real archive (SQLite, and PostgreSQL when marked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from iepm.errors import StoreError
+from iepm.flows.collector import Collector, CollectorReport
+from iepm.flows.store import add_flows, read_flows
+from iepm.store import Archive
+from tests.flows import encoder as enc
+from tests.flows.encoder import F
+
+NOW = int(time.time() * 1000)
+UPTIME = 3_600_000
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met within the deadline")
+        time.sleep(0.01)
+
+
+def sample(n: int, base: int = 0) -> list[F]:
+    return [
+        F("198.18.1.2", "198.18.2.2", 40000 + base + i, 5201, 6, 1000 * (i + 1), 10,
+          NOW - 20_000 + i, NOW - 1000 + i)
+        for i in range(n)
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def archive(archive_url: str) -> Iterator[Archive]:
+    with Archive.open(archive_url) as opened:
+        yield opened
+
+
+class Running:
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.report: CollectorReport | None = None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.report = self.collector.run()
+
+    def finish(self) -> CollectorReport:
+        self.collector.stop.set()
+        self.thread.join(30)
+        assert self.report is not None
+        return self.report
+
+
+def test_collects_all_versions_once_each_and_counts_loss(archive: Archive) -> None:
+    collector = Collector(archive, "127.0.0.1", 0, batch_records=4, flush_s=0.05)
+    running = Running(collector)
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    address = collector.address
+    v5 = enc.v5(sample(3), seq=0, now_ms=NOW, uptime_ms=UPTIME)
+    v9 = enc.v9(
+        [enc.template_set(9, 256, enc.V9_FIELDS),
+         enc.data_set(256, sample(2, 10), enc.V9_FIELDS, now_ms=NOW, uptime_ms=UPTIME)],
+        seq=0, now_ms=NOW - NOW % 1000 + 1000, uptime_ms=UPTIME,
+    )  # fmt: skip
+    ipfix = enc.ipfix(
+        [enc.template_set(10, 300, enc.IPFIX_FIELDS),
+         enc.data_set(300, sample(4, 20), enc.IPFIX_FIELDS, now_ms=NOW)],
+        seq=0, now_ms=NOW,
+    )  # fmt: skip
+    # The v5 datagram twice (a duplicate), then one whose sequence skips 5 records.
+    gap = enc.v5(sample(1, 30), seq=8, now_ms=NOW, uptime_ms=UPTIME)
+    for packet in (v5, v5, v9, ipfix, gap, b"\x00\x05truncated"):
+        out.sendto(packet, address)
+    out.close()
+    wait_until(lambda: collector.report.decode.packets == 6)
+    report = running.finish()
+    assert report.decode.records == 3 + 3 + 2 + 4 + 1
+    assert report.stored == 3 + 2 + 4 + 1 and report.duplicates == 3
+    assert report.decode.truncated == 1
+    # The duplicate's sequence number is behind: out of order, and the gap 3→8 is 5 records.
+    assert report.decode.out_of_order == 1 and report.decode.lost == 5
+    stored = list(read_flows(archive))
+    assert len(stored) == 10
+    assert {f.version for f in stored} == {5, 9, 10}
+    assert sorted(f.bytes for f in stored if f.version == 10) == [1000, 2000, 3000, 4000]
+
+
+def test_reimport_stores_nothing_twice(archive: Archive) -> None:
+    from iepm.flows.decode import Decoder
+
+    flows = Decoder().decode(enc.v5(sample(5), seq=0, now_ms=NOW, uptime_ms=UPTIME), "198.18.0.1")
+    assert add_flows(archive, flows, "test") == 5
+    assert add_flows(archive, flows + flows, "test") == 0
+    assert len(list(read_flows(archive))) == 5
+
+
+def test_a_hung_archive_drops_batches_and_keeps_receiving(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    class Stuck:
+        def writing(self, doing: str) -> None:
+            release.wait(30)
+            raise StoreError("archive hung")
+
+    collector = Collector(
+        Stuck(),  # type: ignore[arg-type]
+        "127.0.0.1", 0, batch_records=1, flush_s=0.01, write_deadline_s=0.2, queue_batches=1,
+    )  # fmt: skip
+    running = Running(collector)
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for seq in range(6):
+        out.sendto(enc.v5(sample(1, seq), seq=seq, now_ms=NOW, uptime_ms=UPTIME), collector.address)
+    out.close()
+    wait_until(lambda: collector.report.decode.packets == 6)
+    wait_until(lambda: collector.report.dropped > 0)
+    release.set()
+    report = running.finish()
+    assert report.decode.records == 6 and report.decode.lost == 0
+    assert "batch dropped" in report.errors[-1] or report.store_errors
+
+
+def test_cli_collect_stores_and_reports_on_term(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen", "127.0.0.1:0",
+         "--db", url, "--flush-s", "0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the collector says where it listens once bound
+        assert line.startswith("listening on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        out.sendto(enc.v5(sample(7), seq=0, now_ms=NOW, uptime_ms=UPTIME), ("127.0.0.1", port))
+        out.close()
+        with Archive.open(url) as archive:
+            wait_until(lambda: len(list(read_flows(archive))) == 7)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0
+    report = json.loads(stdout)
+    assert report["decode"]["records"] == 7 and report["stored"] == 7
+
+
+def test_cli_collect_rejects_a_bad_listen_address(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen", "nowhere",
+         "--db", f"sqlite:///{tmp_path / 'a.db'}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "--listen" in proc.stderr
