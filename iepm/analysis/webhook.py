@@ -72,15 +72,17 @@ class WebhookSender:
     def send(self, payload: dict[str, object]) -> Delivery:
         body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "User-Agent": f"iepm/{__version__}"}
-        t0 = time.monotonic()
-        deadline = t0 + self.total_s
         status: int | None = None
         error: str | None = None
         tries = 0
         with httpx.Client(follow_redirects=False) as client:
+            # The time bound starts once the client is built (its TLS context alone can take
+            # seconds on a loaded machine), and the payload is always tried at least once.
+            t0 = time.monotonic()
+            deadline = t0 + self.total_s
             while tries < self.attempts and not self.stop.is_set():
                 remaining = deadline - time.monotonic()
-                if remaining <= 0.05:
+                if remaining <= 0.05 and tries > 0:
                     error = f"gave up after {self.total_s:g} s: {error}"
                     break
                 tries += 1
@@ -90,7 +92,7 @@ class WebhookSender:
                         self.url,
                         content=body,
                         headers=headers,
-                        timeout=min(self.timeout_s, remaining),
+                        timeout=min(self.timeout_s, max(remaining, 0.05)),
                     )
                 except httpx.HTTPError as exc:
                     error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
