@@ -61,6 +61,15 @@ def plausible_address(value: str) -> str:
     return value
 
 
+def probe_tables(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``value`` if each of its keys names a registered probe (``[defaults.PROBE]`` tables of a
+    targets or mesh file), else a ValueError naming the known ones."""
+    for name in value:
+        if name not in PROBES:
+            raise ValueError(f"unknown probe {name!r} (known: {_known_probes()})")
+    return value
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -221,10 +230,7 @@ class Config(StrictModel):
     @field_validator("defaults")
     @classmethod
     def _defaults_name_probes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        for name in value:
-            if name not in PROBES:
-                raise ValueError(f"unknown probe {name!r} (known: {_known_probes()})")
-        return value
+        return probe_tables(value)
 
     @model_validator(mode="after")
     def _unique_target_names(self) -> Config:

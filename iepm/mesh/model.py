@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from iepm.config import MonitorConfig, plausible_address
+from iepm.config import MonitorConfig, plausible_address, probe_tables
 from iepm.probes import PROBES
 from iepm.remote.access import AgentAccess, SshAccess
 
@@ -191,10 +191,7 @@ class Mesh(StrictModel):
     @field_validator("defaults")
     @classmethod
     def _defaults(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        for name in value:
-            if name not in PROBES:
-                raise ValueError(f"unknown probe {name!r} (known: {', '.join(sorted(PROBES))})")
-        return value
+        return probe_tables(value)
 
     @field_validator("monitor")
     @classmethod
