@@ -408,6 +408,10 @@ def export_cmd(
         "until": parse_moment(until, "--until"),
     }
     with open_archive(db, config, reading=True) as archive:
+        # An unknown target is a mistake to say, as the API's 404 does, not an empty table.
+        if target is not None and archive.count(target=target, purpose=None) == 0:
+            known = ", ".join(archive.targets()[:20]) or "none yet"
+            raise fail(f"--target {target!r}: no results in the archive (targets: {known})")
         if output is None:
             export(archive, probe, module.COLUMNS, fmt.value, sys.stdout, **selection)
         else:

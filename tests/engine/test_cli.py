@@ -155,6 +155,10 @@ def test_extract_re_reads_raw_logs_into_the_archive(tmp_path: Path) -> None:
     assert "1 runs: 1 updated, 0 added" in again.stdout
     rows = iepm("export", "--probe", "ping", "--db", db, "--format", "json")
     (stored,) = [json.loads(line) for line in rows.stdout.splitlines()]
+    # An unknown target is an error naming the known ones (exit 2), not an empty table.
+    nope = iepm("export", "--probe", "ping", "--db", db, "--target", "nope")
+    assert nope.returncode == 2 and nope.stdout == "", nope
+    assert "--target 'nope': no results in the archive (targets: 127.0.0.1)" in nope.stderr
     assert stored["id"] == first["id"]
     assert stored["data"] == first["data"]
     assert stored["data"]["discarded"] == 1
