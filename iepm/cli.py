@@ -14,6 +14,7 @@ from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import typer
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from rich.console import Console
@@ -136,7 +137,9 @@ def _run_probe(
                 archive.add(result)
     except IepmError as exc:
         raise fail(str(exc), exit_code(exc)) from None
-    except ValueError as exc:  # pydantic ValidationError is a ValueError
+    except ValidationError as exc:
+        raise fail(_option_problems(module, exc)) from None
+    except ValueError as exc:
         raise fail(f"invalid {probe} option: {exc}") from None
     _print_result(result, as_json)
     raise typer.Exit(0 if result.succeeded else 1)
@@ -203,6 +206,20 @@ def _keyword(name: str, annotation: Any, default: Any) -> inspect.Parameter:
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
     )
+
+
+def _option_problems(module: Probe, exc: ValidationError) -> str:
+    """``--count: Input should be greater than or equal to 1 (got 0)``: each error named by the
+    option a person typed (a target's configured value is named by its field), one line each."""
+    from iepm.tomlload import describe
+
+    fields = module.Spec.model_fields
+    lines = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        name = f"--{_cli_name(field, fields[field])}" if field in fields else field or module.NAME
+        lines.append(f"{name}: {describe(error).removeprefix('Value error, ')}")
+    return "; ".join(lines)
 
 
 def _cli_name(field: str, info: FieldInfo) -> str:

@@ -165,3 +165,15 @@ def test_extract_re_reads_raw_logs_into_the_archive(tmp_path: Path) -> None:
     # A new archive: the run is added.
     fresh = iepm("extract", "--log-dir", str(raw_dir), "--db", f"sqlite:///{tmp_path}/b.db")
     assert "1 runs: 0 updated, 1 added" in fresh.stdout
+
+
+def test_a_bad_probe_option_is_one_line_naming_the_option() -> None:
+    done = iepm("probe", "ping", "127.0.0.1", "--count", "0", "--interval", "0.0001")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "error: --count: Input should be greater than or equal to 1 (got 0); "
+        "--interval: Input should be greater than or equal to 0.002 (got 0.0001)\n"
+    )
+    window = iepm("probe", "iperf3", "127.0.0.1", "--window", "2X")
+    assert window.returncode == 2 and window.stderr.startswith("error: --window: window '2X'")
+    assert len(window.stderr.splitlines()) == 1
