@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from iepm.runner import start_process_sync
 from tests.helpers import free_port
 
 
@@ -52,9 +52,8 @@ def plain_xrootd(timeout_s: float = 10.0) -> Iterator[PlainXrootd]:
             shutil.chown(d, "nobody")
     log = root / "xrootd.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
-        )
+        tool = start_process_sync(argv, stdout=out, stderr=out)
+    proc = tool.popen
     try:
         deadline = time.monotonic() + timeout_s
         while b"initialization completed" not in (log.read_bytes() if log.exists() else b""):
@@ -64,14 +63,7 @@ def plain_xrootd(timeout_s: float = 10.0) -> Iterator[PlainXrootd]:
             time.sleep(0.05)
         yield PlainXrootd(port, root, export, readonly, log, proc)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        tool.stop()  # the project's one supervisor: TERM, grace, KILL, sweep the group
         shutil.rmtree(root, ignore_errors=True)
 
 

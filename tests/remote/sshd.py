@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from iepm.config import SshAccess
+from iepm.runner import start_process_sync
 from tests.helpers import wait_listening
 
 SSHD = "/usr/sbin/sshd"
@@ -96,19 +96,13 @@ def private_sshd(
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
     log = (tmp / "sshd.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
+    tool = start_process_sync(argv, stdout=log, stderr=log)
+    proc = tool.popen
     try:
         wait_listening(address, port, timeout_s=10, netns=netns)
         yield Sshd(address, port, tmp, tmp / "client_key", tmp / "known_hosts", authorized, proc)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        tool.stop()  # the project's one supervisor: TERM, grace, KILL, sweep the group
         log.close()
         if made_privsep:
             with contextlib.suppress(OSError):
