@@ -4,7 +4,8 @@ A seeded synthetic throughput series (lognormal noise on levels that shift every
 one row a minute) of ``--rows`` rows. The figure is the wall time of ``walk_forward(…, "auto")``,
 what `iepm forecast --csv` runs; the baseline, in the same run, is ``walk_forward_all`` on the
 same series: every predictor and band (with today's faster quantiles), which is what any one
-method cost before a walk computed only what its method reads. Both give the same `auto` forecasts (checked here).
+method cost before a walk computed only what its method reads. Both give the same `auto`
+forecasts (checked here).
 
 Usage: .venv/bin/python benchmarks/forecast_speed.py [--rows 300000]  → one JSON object.
 """
