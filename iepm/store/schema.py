@@ -225,3 +225,34 @@ flows = Table(
     Index(None, "src", "dst", "start_ms"),
     Index(None, "start_ms"),
 )
+
+# Live samples (iepm/store/live.py): each ping reply and the monitor's interface rates as they
+# happen, for the live pages. A short ring: rows older than ``live.KEEP_S`` are pruned by the
+# writer; what the archive keeps for years is the per-minute result. ``value`` NULL is a lost
+# reply (a gap on the page). ``id`` only grows, so "anything new?" is ``max(id)`` on either
+# database.
+live_samples = Table(
+    "live_samples",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("monitor", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("probe", Text, nullable=False),
+    Column("metric", Text, nullable=False),
+    Column("t_s", Float, nullable=False),
+    Column("value", Float),
+    Index(None, "t_s"),
+)
+
+# The tests running now, one row per (monitor, probe, target) while it runs; ``expires_s`` (the
+# writer's epoch seconds) lets a killed monitor's rows fall out of view.
+live_running = Table(
+    "live_running",
+    metadata,
+    Column("monitor", Text, primary_key=True),
+    Column("probe", Text, primary_key=True),
+    Column("target", Text, primary_key=True),
+    Column("params", JSON, nullable=False),
+    Column("started_s", Float, nullable=False),
+    Column("expires_s", Float, nullable=False),
+)

@@ -43,7 +43,7 @@ def test_open_builds_the_schema_from_an_empty_database(archive_url: str, engine:
     assert set(inspector.get_table_names()) == {
         "alembic_version", "results", "cycles", "alerts", "studies", "tuned_params", "daily",
         "host_leases",
-        "flows",
+        "flows", "live_samples", "live_running",
     }  # fmt: skip
     columns = {column["name"] for column in inspector.get_columns("results")}
     assert columns == set(sample.ping().envelope())  # every envelope field
