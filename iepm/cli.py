@@ -465,6 +465,7 @@ def _mount_subcommands() -> None:
     from iepm.lab.cli import lab_app
     from iepm.mesh.cli import register as register_mesh
     from iepm.remote.cli import register as register_remote
+    from iepm.store.cli import register as register_archive
     from iepm.web.cli import register as register_web
 
     app.add_typer(lab_app, name="lab")
@@ -473,6 +474,7 @@ def _mount_subcommands() -> None:
     register_remote(app)
     register_demo(app)
     register_mesh(app)
+    register_archive(app)
     register_flows(app)
     __import__("iepm.tuning.cli", fromlist=["register"]).register(app)
 

@@ -79,6 +79,10 @@ class MonitorConfig(StrictModel):
     cycle_interval_s: float = Field(default=5400.0, ge=1.0, le=7 * 86400)
     archive: str = "sqlite:///var/lib/iepm/archive.db"
     log_dir: str = "/var/lib/iepm/raw"
+    # Retention for `iepm archive prune` (None: keep everything). Daily summaries are kept for
+    # ever; raw logs older than compress_logs_after_days are gzipped.
+    keep_results_days: float | None = Field(default=None, gt=0.0)
+    compress_logs_after_days: float | None = Field(default=None, gt=0.0)
     # Random delay added before each cycle so that monitors do not fall into lock-step.
     start_jitter_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     # Run every probe inside this network namespace (the lab's monitor host).

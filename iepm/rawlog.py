@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import json
 import logging
 import os
@@ -127,7 +128,8 @@ class RawLog:
             log.error("raw log: %d held records given up (memory bound)", self.dropped)
 
     def files(self) -> list[Path]:
-        return sorted(self.directory.glob("*/*.log"))
+        # Days older than the retention's compress_after_days are gzipped (iepm archive prune).
+        return sorted([*self.directory.glob("*/*.log"), *self.directory.glob("*/*.log.gz")])
 
     def runs(self) -> Iterator[LoggedRun]:
         for path in self.files():
@@ -184,7 +186,8 @@ def format_record(
 
 def read_log(path: Path) -> Iterator[LoggedRun]:
     """Yield every complete record of a raw log; a record cut short by a crash is skipped."""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    blob = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    lines = blob.decode("utf-8", errors="replace").splitlines(keepends=True)
     i = 0
     while i < len(lines):
         match = HEADER_RE.match(lines[i].rstrip("\n"))

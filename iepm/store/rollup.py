@@ -180,7 +180,9 @@ def refresh(conn: Connection, keys: Iterable[PathDay]) -> None:
 def rebuild(conn: Connection, *, by_purpose: bool = True) -> int:
     """Recompute every daily row from all (routine) results (a migration, or results written
     around the archive); returns the number of rows written. ``by_purpose`` False: for a schema
-    older than revision 0004, whose results have no purpose (all were routine then)."""
+    older than revision 0004, whose results have no purpose (all were routine then).
+    It runs only in migrations that precede pruning (`iepm archive prune` keeps the summaries of
+    removed results): a later migration calling it would lose the pruned days' summaries."""
     conn.execute(delete(DAILY))
     routine = [RESULTS.c.purpose == ROLLED_UP_PURPOSE] if by_purpose else []
     query = select(*SOURCE).where(*routine).order_by(*SOURCE[:4])  # path by path, oldest first

@@ -1,0 +1,66 @@
+"""``iepm archive``: keep an archive for years (``prune``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from iepm.cliglue import GuardedTyper, open_archive
+from iepm.errors import UsageError
+
+archive_app = GuardedTyper(help="The archive: retention.", no_args_is_help=True)
+
+
+@archive_app.command("prune")
+def prune_cmd(
+    keep_days: Annotated[
+        float | None,
+        typer.Option(help="Keep results this many days (default: the config's keep_results_days)."),
+    ] = None,
+    log_dir: Annotated[
+        Path | None, typer.Option(help="Raw-log directory (default: the config's log_dir).")
+    ] = None,
+    compress_after_days: Annotated[
+        float | None, typer.Option(help="Gzip raw logs older than this many days.")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count only; remove nothing.")] = False,
+    db: Annotated[str | None, typer.Option("--db", help="Archive URL.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="targets.toml")] = None,
+) -> None:
+    """Remove results, cycles and flow records older than the retention (daily summaries,
+    alerts and studies stay), and rotate raw logs; report what was removed."""
+    from iepm.store.retention import prune
+
+    if log_dir is not None and not log_dir.is_dir():
+        raise UsageError(f"--log-dir {log_dir}: no such directory")
+    if config is not None:
+        from iepm.config import load_config
+
+        monitor = load_config(config).monitor
+        keep_days = keep_days if keep_days is not None else monitor.keep_results_days
+        if compress_after_days is None:
+            compress_after_days = monitor.compress_logs_after_days
+        if log_dir is None and Path(monitor.log_dir).is_dir():
+            log_dir = Path(monitor.log_dir)
+    if keep_days is None:
+        raise UsageError("give --keep-days N, or --config with [monitor] keep_results_days")
+    if keep_days <= 0:
+        raise UsageError(f"--keep-days: must be positive (got {keep_days:g})")
+    # An archive that does not exist has nothing to prune: never create one here.
+    with open_archive(db, config, reading=True) as archive:
+        report = prune(
+            archive,
+            keep_days=keep_days,
+            dry_run=dry_run,
+            log_dir=log_dir,
+            compress_after_days=compress_after_days,
+        )
+    sys.stdout.write("\n".join(report.lines()) + "\n")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``iepm archive`` to the ``iepm`` command."""
+    app.add_typer(archive_app, name="archive")
