@@ -47,7 +47,7 @@ class LeaseRefused(IepmError):
     """The hosts stayed busy for the whole wait, or the archive could not be asked."""
 
 
-def _db_now(engine: Engine) -> ColumnElement[Any]:
+def db_now_s(engine: Engine) -> ColumnElement[Any]:
     """The database's clock in epoch seconds (monitors' clocks may disagree)."""
     if engine.dialect.name == "postgresql":
         return cast(func.extract("epoch", func.clock_timestamp()), Float)
@@ -98,7 +98,7 @@ class HostLeases:
         token = uuid.uuid4().hex
         try:
             with engine.begin() as conn:
-                now = float(conn.execute(select(_db_now(engine))).scalar_one())
+                now = float(conn.execute(select(db_now_s(engine))).scalar_one())
                 conn.execute(
                     delete(host_leases).where(
                         host_leases.c.host.in_(hosts), host_leases.c.expires_s < now
@@ -134,7 +134,7 @@ class HostLeases:
         """(host, holder, target) of the leases on ``hosts`` now (for messages and tests)."""
         engine = self._connect()
         query = select(host_leases.c.host, host_leases.c.holder, host_leases.c.target).where(
-            host_leases.c.host.in_(hosts), host_leases.c.expires_s >= _db_now(engine)
+            host_leases.c.host.in_(hosts), host_leases.c.expires_s >= db_now_s(engine)
         )
         try:
             with engine.connect() as conn:
@@ -145,7 +145,7 @@ class HostLeases:
     def current(self) -> list[tuple[str, str, str, str, float]]:
         """Every live lease: (host, holder, target, probe, seconds left), by host."""
         engine = self._connect()
-        now = _db_now(engine)
+        now = db_now_s(engine)
         query = (
             select(
                 host_leases.c.host,

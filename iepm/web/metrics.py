@@ -15,10 +15,12 @@ Everything except the in-process scheduler counters is read from the archive, so
 - ``iepm_runs_total{monitor,probe,outcome}``, ``iepm_cycles_total`` and
   ``iepm_cycle_overruns_total{monitor}``; ``iepm_alerts_total{cause}`` (step changes found by
   the analysis, by likely cause: route, host, tuning, unknown);
-- with a scheduler in the same process: ``iepm_archive_write_failures_total`` and
-  ``iepm_spooled_results_total`` (a failed archive write is, by its nature, not in the archive),
-  and the gauges of ``SchedulerHealth.gauges()`` (``iepm_archive_up``, what waits in the spool
-  or in memory).
+- ``iepm_host_lease_seconds_left{host,holder,probe}``: the mesh's host leases held now;
+- with a scheduler in the same process: ``iepm_archive_write_failures_total``,
+  ``iepm_spooled_results_total``, ``iepm_host_lease_refusals_total`` and
+  ``iepm_host_lease_wait_seconds_total`` (a failed archive write is, by its nature, not in the
+  archive), and the gauges of ``SchedulerHealth.gauges()`` (``iepm_archive_up``, what waits in
+  the spool or in memory).
 """
 
 from __future__ import annotations
@@ -129,7 +131,25 @@ class ArchiveCollector(Collector):
         for cause, count in q.cached(("metrics-alerts",), q.alert_counts):
             alerts.add_metric([cause], count)
         yield alerts
+        leases = GaugeMetricFamily(
+            "iepm_host_lease_seconds_left",
+            "Unexpired host leases of a mesh's archive: seconds left, per host and holder",
+            labels=["host", "holder", "probe"],
+        )
+        for host, holder, probe, left_s in q.cached(("metrics-leases",), q.host_leases):
+            leases.add_metric([host, holder, probe], left_s)
+        yield leases
         if self.health is not None:
+            yield CounterMetricFamily(
+                "iepm_host_lease_refusals",
+                "Exclusive tests not run: their hosts stayed leased for the whole wait",
+                value=self.health.lease_refusals,
+            )
+            yield CounterMetricFamily(
+                "iepm_host_lease_wait_seconds",
+                "Time exclusive tests waited for their hosts' leases",
+                value=self.health.lease_wait_s,
+            )
             yield CounterMetricFamily(
                 "iepm_archive_write_failures",
                 "Results this monitor could not write to the archive (spooled instead)",

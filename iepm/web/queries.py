@@ -431,6 +431,21 @@ class Queries:
         )
         return [(r[0], r[1], r[2], int(r[3])) for r in self._rows(query)]
 
+    def host_leases(self) -> list[tuple[str, str, str, float]]:
+        """(host, holder, probe, seconds left) of every unexpired host lease (a mesh's archive),
+        on the database's clock as the leases themselves."""
+        from iepm.mesh.leases import db_now_s
+        from iepm.store.schema import host_leases
+
+        now = db_now_s(self.engine)
+        query = (
+            select(host_leases.c.host, host_leases.c.holder, host_leases.c.probe,
+                   host_leases.c.expires_s - now)
+            .where(host_leases.c.expires_s >= now)
+            .order_by(host_leases.c.host)
+        )  # fmt: skip
+        return [(r[0], r[1], r[2], float(r[3])) for r in self._rows(query)]
+
     def cycle_counts(self) -> list[tuple[str, int, int]]:
         """(monitor, cycles, overruns) over the whole archive."""
         # CASE, not CAST: PostgreSQL has no boolean → number cast.

@@ -386,3 +386,29 @@ def test_iepm_run_killed_mid_test_leaves_no_lease_after_its_expiry(
             stop(proc)  # type: ignore[arg-type]
         watcher.close()
         pg_server.drop_database(name)
+
+
+def test_held_leases_are_on_metrics_until_released(url: str) -> None:
+    from iepm.web.metrics import metrics_text
+    from iepm.web.queries import Queries
+
+    holder = leases(url, "mon-a")
+    queries = Queries(url, cache_ttl_s=0.0)
+    try:
+        token = holder.take(["a", "x"], "x", "iperf3", 60)
+        assert token is not None
+        text = metrics_text(queries, None)[0].decode()
+        held = re.findall(
+            r'^iepm_host_lease_seconds_left\{holder="mon-a",host="(\w+)",probe="iperf3"\} (\S+)$',
+            text,
+            re.M,
+        )
+        assert sorted(h for h, _ in held) == ["a", "x"]
+        assert all(0 < float(left) <= 60 for _, left in held)
+        holder.release(token)
+        queries.close()
+        queries = Queries(url, cache_ttl_s=0.0)
+        assert "iepm_host_lease_seconds_left{" not in metrics_text(queries, None)[0].decode()
+    finally:
+        queries.close()
+        holder.close()
