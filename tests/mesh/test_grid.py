@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -67,3 +68,39 @@ def test_an_unknown_metric_is_refused_with_the_known_ones(client: TestClient) ->
     assert answer.status_code == 422
     assert "unknown metric 'iperf3.speed'" in answer.json()["detail"]
     assert "iperf3.throughput_bps" in answer.json()["detail"]
+
+
+def test_pair_api_holds_both_directions_per_route(client: TestClient) -> None:
+    answer = client.get("/api/v1/mesh/pair", params={"a": "a", "b": "c", "days": 2})
+    assert answer.status_code == 200, answer.text
+    rows = {(r["metric"], r["route"]): r for r in answer.json()["rows"]}
+    qos = rows[("iperf3.throughput_bps", "qos")]
+    assert qos["forward"]["n"] == 2 and qos["reverse"]["n"] == 2
+    assert qos["forward"]["mean"] == pytest.approx(500e6 * 1.05)
+    assert qos["reverse"]["mean"] == pytest.approx(480e6 * 1.05)
+    assert qos["forward"]["minimum"] == pytest.approx(500e6)
+    assert qos["forward"]["maximum"] == pytest.approx(550e6)
+    assert qos["forward"]["std"] == pytest.approx(math.sqrt(2) * 25e6)  # sample sd of two
+    internet = rows[("iperf3.throughput_bps", "internet")]
+    assert internet["forward"]["n"] == 0 and internet["reverse"]["mean"] == pytest.approx(94.5e6)
+    # Both orders of the pair name the same figures, turned round.
+    back = client.get("/api/v1/mesh/pair", params={"a": "c", "b": "a", "days": 2}).json()
+    turned = {(r["metric"], r["route"]): r for r in back["rows"]}
+    assert turned[("iperf3.throughput_bps", "qos")]["reverse"] == qos["forward"]
+
+
+def test_pair_page_and_its_daily_csv(client: TestClient) -> None:
+    page = client.get("/mesh/pair", params={"a": "a", "b": "b"})
+    assert page.status_code == 200 and "a → b" in page.text and "b → a" in page.text
+    table = client.get("/mesh/pair", params={"a": "a", "b": "b", "format": "csv"})
+    assert table.headers["content-type"].startswith("text/csv")
+    lines = table.text.splitlines()
+    assert lines[0] == "day,metric,route,a_to_b,b_to_a"
+    throughput = [line.split(",") for line in lines[1:] if ",iperf3.throughput_bps," in line]
+    forward = sum(float(f[3]) for f in throughput if f[3])
+    assert forward > 0 and all(f[4] for f in throughput)
+
+
+def test_a_pair_with_nothing_between_is_404_and_a_self_pair_422(client: TestClient) -> None:
+    assert client.get("/api/v1/mesh/pair", params={"a": "b", "b": "c"}).status_code == 404
+    assert client.get("/api/v1/mesh/pair", params={"a": "b", "b": "b"}).status_code == 422

@@ -152,7 +152,9 @@ def render(g: Grid) -> str:
                 parts.append(
                     f"<div{flag}>{route}→ {_figure(c.forward)} ← {_figure(c.reverse)}</div>"
                 )
-            tds.append(f"<td>{''.join(parts)}</td>")
+            link = f"/mesh/pair?a={e(source)}&amp;b={e(destination)}&amp;days={g.days}"
+            inner = f'<a href="{link}">{"".join(parts)}</a>' if parts else ""
+            tds.append(f"<td>{inner}</td>")
         rows.append(f"<tr><th>{e(source)}</th>{''.join(tds)}</tr>")
     options = "".join(
         f'<option value="{e(n)}"{" selected" if n == g.metric else ""}>{e(n)}</option>'
