@@ -1,4 +1,5 @@
-"""``iepm agent`` (the target-host responder) and ``iepm target add|check`` (enrolment)."""
+"""``iepm agent`` (the target-host responder) and ``iepm target add|check|bootstrap``
+(enrolment)."""
 
 from __future__ import annotations
 
@@ -218,6 +219,95 @@ async def _scan_host_key(address: str, port: int) -> str:
         raise ConfigError(f"{address}:{port} offered no host key")
     host = address if port == 22 else f"[{address}]:{port}"
     return f"{host} {key.export_public_key().decode().strip()}"
+
+
+@target_app.command("bootstrap")
+def target_bootstrap(
+    address: Annotated[str, typer.Argument(help="The target's address (SSH and the agent).")],
+    key_file: Annotated[Path, typer.Option(help="SSH private key that logs in.")],
+    known_hosts: Annotated[Path, typer.Option(help="known_hosts holding the target's key.")],
+    name: Annotated[str | None, typer.Option(help="Target name (default: the address).")] = None,
+    ssh_user: Annotated[str, typer.Option(help="SSH user (root, or one with sudo rights).")] = (
+        "root"
+    ),
+    ssh_port: Annotated[int, typer.Option(help="SSH port.")] = 22,
+    monitor: Annotated[
+        str | None, typer.Option(help="This monitor's name (default: host name).")
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="This monitor's token for the target (made if missing)."),
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Where iepm goes on the target.")] = "/opt/iepm",
+    etc: Annotated[str, typer.Option(help="Configuration directory on the target.")] = (
+        "/etc/iepm"
+    ),
+    state: Annotated[str, typer.Option(help="Data directory on the target.")] = "/var/lib/iepm",
+    port: Annotated[int, typer.Option(help="The agent's port.")] = 8700,
+    service: Annotated[
+        str, typer.Option(help="auto (systemd if it runs), systemd, or direct.")
+    ] = "auto",
+    wheelhouse: Annotated[
+        Path | None,
+        typer.Option(help="Wheels of iepm and its dependencies (default: built once, cached)."),
+    ] = None,
+    netns: Annotated[
+        str | None, typer.Option(help="Reach the target from this network namespace.")
+    ] = None,
+    step_timeout_s: Annotated[float, typer.Option(help="Deadline of each SSH step.")] = 30.0,
+) -> None:
+    """Make a Debian host an agent target over SSH (packages, iepm, agent.toml with this
+    monitor's token, the agent as a service), check it answers, and say what changed. Running
+    it again changes nothing."""
+    import socket
+
+    from iepm.config import SshAccess, TargetConfig
+    from iepm.remote.bootstrap import (
+        Layout,
+        bootstrap,
+        check_agent,
+        default_wheelhouse,
+    )
+    from iepm.remote.bootstrap import (
+        wheelhouse as build_wheelhouse,
+    )
+
+    if service not in ("auto", "systemd", "direct"):
+        raise fail(f"--service must be auto, systemd or direct (got {service!r})")
+    target = name or address
+    me = monitor or socket.gethostname()
+    tokens = token_file or Path("/etc/iepm/credentials") / f"{target}.token"
+    try:
+        TargetConfig.model_validate({"name": target, "address": address})
+        access = SshAccess.model_validate(
+            {"user": ssh_user, "key_file": str(key_file), "port": ssh_port,
+             "known_hosts": str(known_hosts), "step_timeout_s": step_timeout_s}
+        )  # fmt: skip
+        wheels = build_wheelhouse(wheelhouse or default_wheelhouse())
+        host = f"[{address}]" if ":" in address else address
+        url = f"http://{host}:{port}"
+
+        async def go() -> Any:
+            done = await bootstrap(
+                access, address, monitor=me, token_file=tokens,
+                layout=Layout(prefix, etc, state), listen=f"{host}:{port}",
+                wheels=wheels, netns=netns, service=service,
+            )  # fmt: skip
+            done.facts = await check_agent(url, tokens, netns, wait_s=60.0)
+            return done
+
+        report = asyncio.run(go())
+    except (IepmError, ValueError, OSError) as exc:
+        message, code = explain(exc) or (str(exc), ExitCode.REMOTE)
+        raise fail(message, code) from None
+    facts = report.facts
+    lines = report.lines()
+    lines.append(
+        f"  agent answers at {url}: {facts.get('os', '?')}, kernel {facts.get('kernel', '?')}"
+    )
+    lines += ["", "[[targets]]", f'name = "{target}"', f'address = "{address}"', 'mode = "agent"',
+              "[targets.agent]", f'url = "{url}"', f'credential_file = "{tokens}"']  # fmt: skip
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 @target_app.command("check")
