@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import shlex
 import subprocess
@@ -83,18 +84,24 @@ class Report:
 
 
 def wheelhouse(dest: Path) -> Path:
-    """iepm and its pinned dependencies as wheels in ``dest`` (kept: a second bootstrap of the
-    same version reuses them). Built from this iepm's source tree."""
-    marker = dest / f".iepm-{__version__}"
-    if marker.exists():
-        return dest
-    if not (REPO / "pyproject.toml").exists():
+    """iepm and its pinned dependencies as wheels in ``dest``, built from this iepm's source
+    tree. The dependencies are kept while pyproject.toml is unchanged (fetching them is the
+    slow part); iepm's own wheel is rebuilt every time, so it is the code running here."""
+    pyproject = REPO / "pyproject.toml"
+    if not pyproject.exists():
         raise RemoteError(f"cannot build a wheelhouse: no iepm source tree at {REPO}")
     dest.mkdir(parents=True, exist_ok=True)
+    marker = dest / f".deps-{hashlib.sha256(pyproject.read_bytes()).hexdigest()[:16]}"
+    for old in dest.glob("iepm-*.whl"):
+        old.unlink()
     argv = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
-            "-w", str(dest), str(REPO)]  # fmt: skip
+            "-w", str(dest)]  # fmt: skip
+    if marker.exists():
+        argv.append("--no-deps")
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=WHEEL_S, check=False)
+        done = subprocess.run(
+            [*argv, str(REPO)], capture_output=True, text=True, timeout=WHEEL_S, check=False
+        )
     except subprocess.TimeoutExpired:
         raise RemoteError(f"pip wheel did not finish within {WHEEL_S:g} s") from None
     if done.returncode != 0:
