@@ -93,6 +93,9 @@ class MonitorConfig(StrictModel):
     # is narrow and stable is tested every 2nd, 4th... cycle, at most every adaptive_max_factor-th;
     # at least every adaptive_min_factor-th, and at once when a change is suspected.
     adaptive: bool = False
+    # While `iepm run` runs, publish what it sees now to the archive's live tables (each reply
+    # of a continuous ping, the monitor's interface rates, the tests running) for the live pages.
+    live: bool = True
     adaptive_min_factor: int = Field(default=1, ge=1, le=100)
     adaptive_max_factor: int = Field(default=4, ge=1, le=100)
     adaptive_narrow_percent: float = Field(default=20.0, gt=0.0, le=1000.0)
@@ -330,13 +333,19 @@ def _validated(doc: tomlload.TomlText) -> Config:
                     base = ("targets", index, probe) if own else ("defaults", probe)
                     errors.append(((*base, *loc), message))
                 continue
-            # A measurement must fit in a cycle, or cycles would overlap forever.
-            if probe in target.probes and spec.deadline_s() >= config.monitor.cycle_interval_s:
+            # A measurement must fit in a cycle (in schedule mode: its own interval), or runs
+            # would overlap forever. A continuous probe is one run that never ends.
+            if probe not in target.probes:
+                continue
+            every = config.every(target, probe) if config.schedule else None
+            limit_s = config.monitor.cycle_interval_s if every is None else every
+            what = "the cycle interval" if every is None else "its interval"
+            if isinstance(limit_s, float) and spec.deadline_s() >= limit_s:
                 errors.append(
                     (
                         ("targets", index, probe),
-                        f"{probe} may run {spec.deadline_s():g} s, not less than the cycle "
-                        f"interval ({config.monitor.cycle_interval_s:g} s)",
+                        f"{probe} may run {spec.deadline_s():g} s, not less than {what} "
+                        f"({limit_s:g} s)",
                     )
                 )
     if errors:
