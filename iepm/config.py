@@ -318,11 +318,13 @@ def _validated(doc: tomlload.TomlText) -> Config:
     if config.schedule is not None:
         errors += _interval_problems(config.schedule.intervals(), ("schedule",))
     for index, target in enumerate(config.targets):
+        errors += _interval_problems(target.schedule, ("targets", index, "schedule"))
         if target.schedule and config.schedule is None:
             errors.append(
                 (("targets", index, "schedule"), "needs a [schedule] table (per-probe intervals)")
             )
-        errors += _interval_problems(target.schedule, ("targets", index, "schedule"))
+    intervals_ok = not errors  # a deadline is checked against intervals that are valid
+    for index, target in enumerate(config.targets):
         for probe in PROBES:
             try:
                 spec = config.spec_for(target, probe)
@@ -335,7 +337,7 @@ def _validated(doc: tomlload.TomlText) -> Config:
                 continue
             # A measurement must fit in a cycle (in schedule mode: its own interval), or runs
             # would overlap forever. A continuous probe is one run that never ends.
-            if probe not in target.probes:
+            if probe not in target.probes or (config.schedule and not intervals_ok):
                 continue
             every = config.every(target, probe) if config.schedule else None
             limit_s = config.monitor.cycle_interval_s if every is None else every

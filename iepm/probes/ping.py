@@ -37,6 +37,7 @@ import math
 import re
 import sys
 import time
+from asyncio import FIRST_COMPLETED
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -659,6 +660,7 @@ class Stream:
         self.on_result = on_result
         self.late_lines = 0  # lines about a window already stored (RTT past CLOSE_AFTER)
         self.processes = 0
+        self.packets = 0  # lines about a packet (reply or loss) read so far
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -670,12 +672,15 @@ class Stream:
         version = await tool_version(self.ctx.wrap(META.version_argv or ()))
         while not self._stop.is_set():
             t0 = time.monotonic()
+            packets = self.packets
             try:
-                stored = await self._segment(module, version)
+                await self._segment(module, version)
             except ToolNotFound as exc:
                 await self.on_result(failed_result(module, self.spec, self.ctx, str(exc)))
-                stored = 1
-            wait_s = RESTART_WAIT_S if stored else max(RESTART_WAIT_S, self._window_s())
+            # A ping that could not send (unknown host, no route) is retried once a window, so
+            # a dead target gives one failed result a window, as a live one gives one result.
+            sent = self.packets > packets
+            wait_s = RESTART_WAIT_S if sent else max(RESTART_WAIT_S, self._window_s())
             if time.monotonic() - t0 < wait_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), wait_s)
@@ -706,7 +711,7 @@ class Stream:
                 reading = asyncio.create_task(tool.process.stdout.readline())
                 left_s = min(STREAM_SILENCE_S, deadline - time.monotonic())
                 done, _ = await asyncio.wait(
-                    {reading, stopping}, timeout=max(0.0, left_s), return_when=asyncio.FIRST_COMPLETED
+                    {reading, stopping}, timeout=max(0.0, left_s), return_when=FIRST_COMPLETED
                 )
                 if reading not in done:
                     reading.cancel()
@@ -723,6 +728,7 @@ class Stream:
                         header.append(text)  # the header (and anything before a packet)
                     continue
                 self.on_sample(seen.t_s or time.time(), seen.rtt_ms)
+                self.packets += 1
                 index = (seen.seq - 1) // n
                 if index < closed_below:
                     self.late_lines += 1
