@@ -24,6 +24,17 @@ counted, never allowed to stop the cycle. With ``[monitor] adaptive`` the exclus
 predictable path are not scheduled in every cycle (:mod:`iepm.analysis.adaptive`); each such
 deferral is counted and listed in the cycle's report, and no result is stored for it.
 
+With a ``[schedule]`` table (schedule mode) there is no cycle: each target × probe runs at its
+own interval. Light (background) probes run on their own clocks, at most ``light_limit`` at
+once; heavy (exclusive) ones run one at a time, earliest due first, under the same sanity rule,
+cadence and host leases; a run that outlasts its interval makes the next start late (recorded as
+an overrun), never overlap. A continuous probe (ping's :class:`~iepm.probes.ping.Stream`) runs
+for as long as the scheduler does and stores one result per window. Every ``cycle_interval_s``
+a cycle record counts the period's results. While :meth:`Scheduler.run` runs, what it sees now
+(each streamed reply, the monitor's interface rates, the tests running) goes to the archive's
+live tables (:mod:`iepm.store.live`) through the same worker thread, dropped — never spooled —
+when the archive is slow.
+
 Two hooks serve meshes (:mod:`iepm.mesh`) without the scheduler knowing them: ``configure``
 gives the config of each cycle (a mesh file re-read, so an edit needs no restart), and
 ``host_lease`` is held around each exclusive probe (the archive's host leases, so no two

@@ -653,7 +653,9 @@ class Stream:
         on_sample: Callable[[float, float | None], None],
         on_result: Callable[[Result], Awaitable[object]],
     ) -> None:
-        self.spec = spec
+        # Every window is read from its own first packet: a warm-up discard applies to a run,
+        # not to each minute of a stream.
+        self.spec = spec.model_copy(update={"discard_first": 0})
         self.ctx = ctx
         self.packets_per_window = max(1, round(window_s / spec.interval_s))
         self.on_sample = on_sample
