@@ -368,7 +368,7 @@ def run_cmd(
             outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
             state = scheduler.health.degraded()
             console.print(
-                f"cycle {report.number}: {len(report.results)} results ({outcomes}) in "
+                f"cycle {report.number}: {report.n_results} results ({outcomes}) in "
                 f"{report.duration_s:.1f} s"
                 + (" — OVERRAN its interval" if report.overran else "")
                 + (f" — {state}" if state else "")

@@ -97,6 +97,9 @@ class MonitorConfig(StrictModel):
     # is narrow and stable is tested every 2nd, 4th... cycle, at most every adaptive_max_factor-th;
     # at least every adaptive_min_factor-th, and at once when a change is suspected.
     adaptive: bool = False
+    # While `iepm run` runs, publish what it sees now to the archive's live tables (each reply
+    # of a continuous ping, the monitor's interface rates, the tests running) for the live pages.
+    live: bool = True
     adaptive_min_factor: int = Field(default=1, ge=1, le=100)
     adaptive_max_factor: int = Field(default=4, ge=1, le=100)
     adaptive_narrow_percent: float = Field(default=20.0, gt=0.0, le=1000.0)
@@ -125,6 +128,29 @@ class MonitorConfig(StrictModel):
         return self
 
 
+# A probe's interval in a [schedule] table: seconds, or "continuous" (a probe with a Stream).
+Every = float | Literal["continuous"]
+MIN_EVERY_S = 1.0
+MAX_EVERY_S = 7 * 86400.0
+
+
+class ScheduleConfig(BaseModel):
+    """``[schedule]``: per-probe intervals instead of one cycle. Settings below, and one key per
+    probe: seconds between runs, or ``"continuous"`` (ping). Probes not named run every
+    ``[monitor] cycle_interval_s``. Checked key by key by load_config (file:line)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    # Light (background) probes running at once across targets.
+    light_limit: int = Field(default=8, ge=1, le=256)
+    # A continuous probe stores one result per window (60 one-second pings by default).
+    window_s: float = Field(default=60.0, ge=1.0, le=3600.0)
+
+    def intervals(self) -> dict[str, Any]:
+        """The probe keys as written (validated by load_config)."""
+        return dict(self.model_extra or {})
+
+
 class TargetConfig(StrictModel):
     name: str
     address: str
@@ -141,6 +167,9 @@ class TargetConfig(StrictModel):
     ssh: SshAccess | None = None
     # Use the parameters `iepm tune` stored for this path (a target's own settings still win).
     use_tuned: bool = True
+    # This target's own intervals by probe ([targets.schedule]; seconds or "continuous"), over
+    # the [schedule] table's; checked by load_config.
+    schedule: dict[str, Any] = Field(default_factory=dict)
     # Per-probe parameters, e.g. [targets.iperf3] streams = 4: a table named after any
     # registered probe (read with params()), validated against its Spec by load_config.
     _probe_tables: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
@@ -230,6 +259,8 @@ class Config(StrictModel):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     defaults: dict[str, dict[str, Any]] = Field(default_factory=dict)
     targets: list[TargetConfig] = Field(default_factory=list)
+    # Per-probe intervals (None: the classic cycle, every probe once per cycle_interval_s).
+    schedule: ScheduleConfig | None = None
 
     @field_validator("defaults")
     @classmethod
@@ -250,6 +281,12 @@ class Config(StrictModel):
             if target.name == name:
                 return target
         raise ConfigError(f"no target named {name!r} (known: {', '.join(self.target_names())})")
+
+    def every(self, target: TargetConfig, probe: str) -> float | str:
+        """Seconds between runs of ``probe`` on ``target``, or "continuous" (schedule mode)."""
+        table = self.schedule.intervals() if self.schedule is not None else {}
+        value = target.schedule.get(probe, table.get(probe, self.monitor.cycle_interval_s))
+        return value if value == "continuous" else float(value)
 
     def target_names(self) -> list[str]:
         return [t.name for t in self.targets]
@@ -282,6 +319,14 @@ def _validated(doc: tomlload.TomlText) -> Config:
             PROBES[name].Spec.model_validate(values)
         except ValidationError as exc:
             errors += tomlload.problems(exc, ("defaults", name))
+    if config.schedule is not None:
+        errors += _interval_problems(config.schedule.intervals(), ("schedule",))
+    for index, target in enumerate(config.targets):
+        errors += _interval_problems(target.schedule, ("targets", index, "schedule"))
+        if target.schedule and config.schedule is None:
+            errors.append(
+                (("targets", index, "schedule"), "needs a [schedule] table (per-probe intervals)")
+            )
     for index, target in enumerate(config.targets):
         for probe in PROBES:
             try:
@@ -293,8 +338,12 @@ def _validated(doc: tomlload.TomlText) -> Config:
                     base = ("targets", index, probe) if own else ("defaults", probe)
                     errors.append(((*base, *loc), message))
                 continue
-            # A measurement must fit in a cycle, or cycles would overlap forever.
-            if probe in target.probes and spec.deadline_s() >= config.monitor.cycle_interval_s:
+            # A measurement must fit in a cycle, or cycles would overlap forever. (In schedule
+            # mode a run longer than its interval makes the next start late, never overlap,
+            # and is recorded as an overrun: a deadline is a worst case, not a typical run.)
+            if probe not in target.probes or config.schedule is not None:
+                continue
+            if spec.deadline_s() >= config.monitor.cycle_interval_s:
                 errors.append(
                     (
                         ("targets", index, probe),
@@ -305,3 +354,23 @@ def _validated(doc: tomlload.TomlText) -> Config:
     if errors:
         raise tomlload.config_error(doc.where, doc.text, errors)
     return config
+
+
+def _interval_problems(intervals: dict[str, Any], base: tuple[str | int, ...]) -> list[Any]:
+    """Each probe key of a schedule table must name a probe and give seconds or "continuous"."""
+    found: list[Any] = []
+    for probe, value in intervals.items():
+        loc = (*base, probe)
+        if probe not in PROBES:
+            found.append((loc, f"unknown probe {probe!r} (known: {_known_probes()})"))
+        elif value == "continuous":
+            if not hasattr(PROBES[probe], "Stream"):
+                found.append((loc, f"{probe} has no continuous mode (give seconds)"))
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            found.append((loc, f'give seconds between runs or "continuous" (got {value!r})'))
+        elif not MIN_EVERY_S <= value <= MAX_EVERY_S:
+            found.append(
+                (loc, f"seconds between runs must be {MIN_EVERY_S:g} to {MAX_EVERY_S:g} "
+                 f"(got {value!r})")
+            )  # fmt: skip
+    return found

@@ -24,6 +24,17 @@ counted, never allowed to stop the cycle. With ``[monitor] adaptive`` the exclus
 predictable path are not scheduled in every cycle (:mod:`iepm.analysis.adaptive`); each such
 deferral is counted and listed in the cycle's report, and no result is stored for it.
 
+With a ``[schedule]`` table (schedule mode) there is no cycle: each target × probe runs at its
+own interval. Light (background) probes run on their own clocks, at most ``light_limit`` at
+once; heavy (exclusive) ones run one at a time, earliest due first, under the same sanity rule,
+cadence and host leases; a run that outlasts its interval makes the next start late (recorded as
+an overrun), never overlap. A continuous probe (ping's :class:`~iepm.probes.ping.Stream`) runs
+for as long as the scheduler does and stores one result per window. Every ``cycle_interval_s``
+a cycle record counts the period's results. While :meth:`Scheduler.run` runs, what it sees now
+(each streamed reply, the monitor's interface rates, the tests running) goes to the archive's
+live tables (:mod:`iepm.store.live`) through the same worker thread, dropped — never spooled —
+when the archive is slow.
+
 Two hooks serve meshes (:mod:`iepm.mesh`) without the scheduler knowing them: ``configure``
 gives the config of each cycle (a mesh file re-read, so an edit needs no restart), and
 ``host_lease`` is held around each exclusive probe (the archive's host leases, so no two
@@ -49,6 +60,7 @@ from typing import Protocol, TypeVar
 
 from pydantic import ValidationError
 
+from iepm import ifrates
 from iepm.analysis.adaptive import cadence_for
 from iepm.analysis.watch import AlertWatcher, watcher_for
 from iepm.config import Config, TargetConfig
@@ -58,8 +70,9 @@ from iepm.probes.base import ProbeContext, ProbeSpec, failed_result, skipped_res
 from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.results import Outcome, Result, utcnow
-from iepm.store import Archive, Cycle
+from iepm.store import Archive, Cycle, live
 from iepm.store.guard import ArchiveDeadline, Guard
+from iepm.store.live import LiveSample
 from iepm.store.spool import Spool
 from iepm.tuned import load_tuned
 
@@ -83,10 +96,16 @@ class CycleReport:
     probe_time_s: float = 0.0
     # (target, probe, reason) of each exclusive probe the adaptive cadence did not schedule.
     deferred: list[tuple[str, str, str]] = field(default_factory=list)
+    # Schedule mode: outcomes counted, not kept (a period holds thousands of light results).
+    counted: Counter[str] = field(default_factory=Counter)
 
     @property
     def outcomes(self) -> Counter[str]:
-        return Counter(r.outcome.value for r in self.results)
+        return Counter(r.outcome.value for r in self.results) + self.counted
+
+    @property
+    def n_results(self) -> int:
+        return len(self.results) + sum(self.counted.values())
 
 
 @dataclass
@@ -124,6 +143,13 @@ class SchedulerHealth:
     # Host leases (a mesh's archive): exclusive probes not run for want of one, time waited.
     lease_refusals: int = 0
     lease_wait_s: float = 0.0
+    # Schedule mode: runs that started an interval or more late (the probe, or the light slots
+    # or the exclusive lock it waited for, took longer than its interval).
+    schedule_overruns: int = 0
+    light_running_max: int = 0  # most light probes seen running at once
+    # Live samples (replies, interface rates) and running-test marks not written (archive busy
+    # or down: they are a view of now, never spooled).
+    live_dropped: int = 0
 
     def gauges(self) -> list[tuple[str, str, float]]:
         """(name, help, value) of what is waiting and where the archive stands, for /metrics."""
@@ -174,6 +200,20 @@ ARCHIVE_RETRY_S = 30.0
 CATCH_UP_PER_RECORD_S = 0.05
 # Results and cycle records held in memory when the spool's disk is full as well.
 MAX_HELD = 100_000
+# Live samples are written in one transaction this often; at most this many wait (oldest go).
+LIVE_FLUSH_S = 1.0
+MAX_LIVE_WAITING = 20_000
+# Live writes queued on the archive's thread at once; more are dropped (a slow archive must not
+# build a queue in front of the results).
+MAX_LIVE_CALLS = 4
+# The monitor's interface rates are published this often.
+INTERFACE_EVERY_S = 2.0
+# Schedule mode: a light probe's first run is spread over this much (or its interval, if less).
+START_SPREAD_S = 10.0
+# A gating result (ping) younger than this decides the sanity rule; older, the gate runs again.
+GATE_FRESH_S = 120.0
+# How long stopping waits for the probe tasks of a schedule-mode run.
+STOP_WAIT_S = 30.0
 # How long close() lets the watchers finish pending work (webhook deliveries run in a thread of
 # their own; after this they are stopped and the alerts stay recorded as undelivered).
 WATCHER_CLOSE_S = 10.0
@@ -253,6 +293,14 @@ class Scheduler:
             )
         self.cadence = cadence_for(config, self.alert_watcher)
         self._deferred: list[tuple[str, str, str]] = []
+        self.live = config.monitor.live
+        self._live_waiting: list[LiveSample] = []
+        self._live_calls = _Count()
+        self._period: CycleReport | None = None  # schedule mode: the period being counted
+        self._gates: dict[str, tuple[float, Result]] = {}  # target → (monotonic, gate result)
+        self._light: asyncio.Semaphore | None = None
+        self._light_running = 0
+        self._stopping: asyncio.Event | None = None
 
     # -- storing -------------------------------------------------------------------------------
 
@@ -296,6 +344,11 @@ class Scheduler:
 
     async def _store(self, result: Result) -> None:
         self.health.runs_by_outcome[result.outcome.value] += 1
+        if self._period is not None:
+            self._period.counted[result.outcome.value] += 1
+            self._period.probe_time_s += result.duration_s
+        if result.probe in gating_probes():
+            self._gates[result.target] = (time.monotonic(), result)
         where = await self._persist(result)
         self.health.stored_in[where] += 1
         self._sync_raw_log_health()
@@ -494,6 +547,252 @@ class Scheduler:
                 self.health.watcher_errors += 1
                 log.exception("watcher %s failed in close", type(watcher).__name__)
 
+    # -- live ----------------------------------------------------------------------------------
+
+    def _live_call(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
+        """Queue a live write on the archive's thread without waiting for it: a view of now is
+        dropped (counted) rather than delay a probe, or queue up while the archive is slow."""
+        if not self.live:
+            return
+        if not self._archive_usable() or self._live_calls.value >= MAX_LIVE_CALLS:
+            self.health.live_dropped += 1
+            return
+        self._live_calls.add(1)
+
+        def call() -> None:
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:  # a view of now: never retried, never fatal
+                self.health.live_dropped += 1
+                log.debug("live write %s failed: %s", getattr(fn, "__name__", fn), exc)
+            finally:
+                self._live_calls.add(-1)
+
+        try:
+            self.guard.submit(call)
+        except RuntimeError:  # the guard is closed (shutting down)
+            self._live_calls.add(-1)
+            self.health.live_dropped += 1
+
+    def add_live(self, samples: Sequence[LiveSample]) -> None:
+        """Queue samples for the next live flush (the oldest go past MAX_LIVE_WAITING)."""
+        if not self.live:
+            return
+        self._live_waiting.extend(samples)
+        excess = len(self._live_waiting) - MAX_LIVE_WAITING
+        if excess > 0:
+            del self._live_waiting[:excess]
+            self.health.live_dropped += excess
+
+    def _flush_live(self) -> None:
+        if self._live_waiting:
+            batch, self._live_waiting = self._live_waiting, []
+            self._live_call(live.publish, self.archive, self.config.monitor.name, batch)
+
+    async def _live_loop(self) -> None:
+        """Flush live samples every LIVE_FLUSH_S and publish the interface rates every
+        INTERFACE_EVERY_S, until cancelled."""
+        netns = self.config.monitor.netns
+        before: dict[str, tuple[int, int]] | None = None
+        t_before = 0.0
+        next_rates = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= next_rates:
+                next_rates = now + INTERFACE_EVERY_S
+                try:
+                    counters = await ifrates.read_counters(netns)
+                except IepmError as exc:
+                    log.warning("interface rates: %s", exc)
+                    counters = None
+                t_now, wall_s = time.monotonic(), time.time()
+                if counters is not None and before is not None:
+                    rates = ifrates.rates_mbps(before, counters, t_now - t_before)
+                    self.add_live(
+                        [LiveSample(name, "interface", metric, wall_s, round(value, 6))
+                         for name, pair in sorted(rates.items())
+                         for metric, value in zip(("rx_mbps", "tx_mbps"), pair, strict=True)]
+                    )  # fmt: skip
+                if counters is not None:
+                    before, t_before = counters, t_now
+            self._flush_live()
+            await asyncio.sleep(min(LIVE_FLUSH_S, max(0.0, next_rates - time.monotonic())))
+
+    # -- schedule mode: each probe at its own interval ------------------------------------------
+
+    def stop(self) -> None:
+        """End a schedule-mode run at once (its period is reported, streams store their open
+        window); a cycle-mode run ends after its current cycle as before."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def _wait_stop(self, delay_s: float) -> bool:
+        """Sleep ``delay_s`` unless stopped first; True when stopped."""
+        assert self._stopping is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), max(0.0, delay_s))
+        return self._stopping.is_set()
+
+    async def _light_run(self, module: ModuleType, target: TargetConfig) -> Result:
+        assert self._light is not None
+        async with self._light:
+            self._light_running += 1
+            self.health.light_running_max = max(self.health.light_running_max, self._light_running)
+            try:
+                return await self._run_probe(module, target)
+            finally:
+                self._light_running -= 1
+
+    def _next_due(self, due_s: float, every_s: float, what: str) -> float:
+        """The next start after one due at ``due_s``: an interval later, or now (late, never
+        queued up) when that has passed already — an overrun, recorded."""
+        due_s += every_s
+        now = time.monotonic()
+        if due_s < now:
+            self.health.schedule_overruns += 1
+            if self._period is not None:
+                self._period.overran = True
+            log.warning("%s ran %.1f s past its %g s interval; next run now", what,
+                        now - due_s, every_s)  # fmt: skip
+            due_s = now
+        return due_s
+
+    async def _light_loop(self, module: ModuleType, target: TargetConfig, every_s: float) -> None:
+        due_s = time.monotonic() + self.rng.uniform(0.0, min(every_s, START_SPREAD_S))
+        while not await self._wait_stop(due_s - time.monotonic()):
+            await self._light_run(module, target)
+            due_s = self._next_due(due_s, every_s, f"{module.NAME} to {target.name}")
+
+    async def _stream_loop(self, module: ModuleType, target: TargetConfig) -> None:
+        assert self.config.schedule is not None and self._stopping is not None
+        spec = await self._spec(target, module.NAME)
+        monitor, probe = self.config.monitor.name, module.NAME
+
+        def on_sample(t_s: float, rtt_ms: float | None) -> None:
+            self.add_live([LiveSample(target.name, probe, "rtt_ms", t_s, rtt_ms)])
+
+        stream = module.Stream(
+            spec, self._context(target), window_s=self.config.schedule.window_s,
+            on_sample=on_sample, on_result=self._store,
+        )  # fmt: skip
+        task = asyncio.create_task(stream.run())
+        await self._stopping.wait()
+        stream.stop()
+        try:
+            await asyncio.wait_for(task, STOP_WAIT_S)
+        except TimeoutError:
+            log.error("continuous %s to %s (%s) did not stop in time", probe, target.name, monitor)
+
+    async def _gate_failure(self, target: TargetConfig) -> str | None:
+        """The sanity rule in schedule mode: why the target's heavy probes are skipped now
+        (its latest gating result, run afresh when older than GATE_FRESH_S), or None."""
+        gates = [name for name in gating_probes() if name in target.probes]
+        if not target.ping_expected or not gates:
+            return None
+        seen = self._gates.get(target.name)
+        if seen is None or time.monotonic() - seen[0] > GATE_FRESH_S:
+            for name in gates:
+                await self._light_run(PROBES[name], target)
+            seen = self._gates.get(target.name)
+        if seen is None or seen[1].succeeded:
+            return None
+        gate = seen[1]
+        return (
+            f"skipped because {gate.probe} to {target.name} ({target.address}) failed and "
+            f"ping_expected=true: {gate.error}"
+        )
+
+    async def _heavy_loop(self, jobs: list[tuple[ModuleType, TargetConfig, float]]) -> None:
+        """The exclusive probes, one at a time on this monitor, each at its own interval (the
+        earliest due first), with the sanity rule, the adaptive cadence and host leases."""
+        if not jobs:
+            return
+        start = time.monotonic()
+        due = [start + self.rng.uniform(0.0, min(every, START_SPREAD_S)) for _, _, every in jobs]
+        while True:
+            i = min(range(len(jobs)), key=due.__getitem__)
+            if await self._wait_stop(due[i] - time.monotonic()):
+                return
+            module, target, every_s = jobs[i]
+            reason = await self._gate_failure(target)
+            if reason is not None:
+                spec = await self._spec(target, module.NAME)
+                await self._store(skipped_result(module, spec, self._context(target), reason))
+            elif not self._deferred_by_cadence(target, module.NAME):
+                async with self.exclusive:
+                    await self._run_exclusive(module, target)
+            due[i] = self._next_due(due[i], every_s, f"{module.NAME} to {target.name}")
+
+    async def _run_schedule(
+        self, periods: int | None, on_cycle: Callable[[CycleReport], object] | None
+    ) -> CycleReport | None:
+        """Schedule mode: every (target, probe) at its own interval until ``periods`` periods
+        of ``cycle_interval_s`` have passed (or stop()); each period is reported as a cycle."""
+        schedule = self.config.schedule
+        assert schedule is not None
+        self._light = asyncio.Semaphore(schedule.light_limit)
+        tasks: list[asyncio.Task[None]] = []
+        heavy: list[tuple[ModuleType, TargetConfig, float]] = []
+        targets = list(self.config.targets)
+        self.rng.shuffle(targets)
+        for target in targets:
+            for name in target.probes:
+                module = PROBES[name]
+                every = self.config.every(target, name)
+                if every == "continuous":
+                    tasks.append(asyncio.create_task(self._stream_loop(module, target)))
+                elif module.META.scheduling == "exclusive":
+                    heavy.append((module, target, float(every)))
+                else:
+                    tasks.append(
+                        asyncio.create_task(self._light_loop(module, target, float(every)))
+                    )
+        tasks.append(asyncio.create_task(self._heavy_loop(heavy)))
+        done = 0
+        report: CycleReport | None = None
+        try:
+            while periods is None or done < periods:
+                report = await self._schedule_period()
+                done += 1
+                if on_cycle is not None:
+                    on_cycle(report)
+                if self._stopping is not None and self._stopping.is_set():
+                    break
+        finally:
+            assert self._stopping is not None
+            self._stopping.set()  # loops end at their next wait; streams store their window
+            finished, running = await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+            for task in running:
+                task.cancel()  # a probe still running is killed by the runner
+            if running:
+                await asyncio.wait(running, timeout=STOP_WAIT_S)
+            for task in finished:
+                if not task.cancelled() and task.exception() is not None:
+                    exc = task.exception()
+                    log.error("a schedule task failed: %s", exc, exc_info=exc)
+            self._period = None
+        return report
+
+    async def _schedule_period(self) -> CycleReport:
+        self.cycle_number += 1
+        report = CycleReport(
+            number=self.cycle_number, started_at=utcnow(),
+            interval_s=self.config.monitor.cycle_interval_s,
+        )  # fmt: skip
+        self._period = report
+        await self.catch_up()
+        await self._notify_watchers("cycle_started")
+        self._deferred = report.deferred
+        t0 = time.monotonic()
+        await self._wait_stop(report.interval_s)
+        report.duration_s = time.monotonic() - t0
+        report.finished_at = utcnow()
+        self.health.cycles += 1
+        if report.overran:
+            self.health.cycle_overruns += 1
+        await self._record_cycle(report, report.n_results, report.counted["ok"])
+        return report
+
     # -- running -------------------------------------------------------------------------------
 
     def _context(self, target: TargetConfig) -> ProbeContext:
@@ -538,10 +837,14 @@ class Scheduler:
         spec = spec or await self._spec(target, module.NAME)
         ctx = self._context(target)
         started_at, t0 = utcnow(), time.monotonic()
+        deadline_s = spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        key = (self.config.monitor.name, module.NAME, target.name)
+        self._live_call(
+            live.set_running, self.archive, *key, spec.model_dump(mode="json"),
+            deadline_s=deadline_s,
+        )  # fmt: skip
         try:
-            result: Result = await asyncio.wait_for(
-                module.run(spec, ctx), spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
-            )
+            result: Result = await asyncio.wait_for(module.run(spec, ctx), deadline_s)
         except TimeoutError:
             result = failed_result(
                 module,
@@ -553,6 +856,8 @@ class Scheduler:
                 # The time it really took, from when it really started.
                 update={"started_at": started_at, "duration_s": time.monotonic() - t0}
             )
+        finally:
+            self._live_call(live.clear_running, self.archive, *key)
         if note:
             result.diags = f"{result.diags or ''}\n{note}".lstrip("\n")
         await self._store(result)
@@ -666,14 +971,20 @@ class Scheduler:
                 report.duration_s,
                 report.interval_s,
             )
+        n_ok = sum(1 for r in report.results if r.succeeded)
+        await self._record_cycle(report, len(report.results), n_ok)
+        return report
+
+    async def _record_cycle(self, report: CycleReport, n_results: int, n_ok: int) -> None:
+        assert report.finished_at is not None
         cycle = Cycle(
             monitor=self.config.monitor.name,
             started_at=report.started_at,
             finished_at=report.finished_at,
             interval_s=report.interval_s,
             overran=report.overran,
-            n_results=len(report.results),
-            n_failed=sum(1 for r in report.results if not r.succeeded),
+            n_results=n_results,
+            n_failed=n_results - n_ok,
         )
         where = await self._persist_cycle(cycle)
         if where != "archive":
@@ -683,7 +994,6 @@ class Scheduler:
         state = self.health.degraded()
         if state is not None:
             log.warning("cycle %d: %s", report.number, state)
-        return report
 
     async def run(
         self,
@@ -694,9 +1004,13 @@ class Scheduler:
         """Run cycles back to back at the configured interval (forever when ``cycles`` is None).
         Each finished cycle's report goes to ``on_cycle``; only the last is kept (and returned),
         so memory stays flat however long the monitor runs."""
+        self._stopping = asyncio.Event()
+        live_task = asyncio.create_task(self._live_loop()) if self.live else None
         done = 0
         report: CycleReport | None = None
         try:
+            if self.config.schedule is not None:
+                return await self._run_schedule(cycles, on_cycle)
             while cycles is None or done < cycles:
                 jitter = self.config.monitor.start_jitter_s
                 if jitter:
@@ -713,5 +1027,10 @@ class Scheduler:
                 interval = self.config.monitor.cycle_interval_s  # may change with the config
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
         finally:
+            if live_task is not None:
+                live_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await live_task
+                self._flush_live()  # the last replies, queued behind the last results
             await asyncio.to_thread(self.close)
         return report

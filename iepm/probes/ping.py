@@ -31,16 +31,22 @@ requests sent in the last RTT before the stop count as lost. Loss is always rece
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import re
 import sys
+import time
+from asyncio import FIRST_COMPLETED
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple, NoReturn
 
 from pydantic import Field, model_validator
 
-from iepm.errors import ParseError, ToolFailed
+from iepm.errors import ParseError, ToolFailed, ToolNotFound
 from iepm.probes.base import (
     Column,
     Health,
@@ -49,10 +55,12 @@ from iepm.probes.base import (
     ProbeMeta,
     ProbeSpec,
     execute,
+    failed_result,
     figure,
+    result_from_raw,
 )
-from iepm.results import Result
-from iepm.runner import RawRun
+from iepm.results import Result, utcnow
+from iepm.runner import RawRun, Supervised, start_process, tool_version
 
 NAME = "ping"
 TOOL = "ping"
@@ -334,10 +342,14 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
     rtt_summary: tuple[float, float, float, float | None] | None = None
     elapsed_ms: int | None = None
 
+    lows: list[int] = []  # the lowest sequence number seen, once known
+
     def see(raw_seq: int) -> int:
         nonlocal top
         seq = _unwrap(raw_seq, top)
         top = seq if top is None else max(top, seq)
+        if not lows or seq < lows[0]:
+            lows[:] = [seq]
         return seq
 
     for raw_line in raw.stdout.splitlines():
@@ -415,6 +427,9 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
             tool_errors.append(m.group("msg"))
 
     truncated = summary is None
+    # A window of a long-lived ping (continuous mode) starts mid-run, with no header and no
+    # summary: its packets are those from the lowest sequence number it mentions.
+    low = min(lows) if lows and summary is None and not seen_header else 1
     if summary is not None:
         sent = int(summary["sent"])
         received = int(summary["received"])
@@ -422,15 +437,16 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
         corrupted = int(summary["corrupted"])
         errors = int(summary["errors"])
     else:
-        sent = top or 0
+        sent = (top or 0) - low + 1 if top is not None else 0
         received = len(replies)
         duplicates = dup_lines
         corrupted = corrupted_lines
         errors = sum(error_lines.values())
 
+    first_seq = low
     discarded = min(discard_first, sent)
-    kept = [s for s in order if s > discarded]
-    gone = [s for s in order if s <= discarded]
+    kept = [s for s in order if s >= first_seq + discarded]
+    gone = [s for s in order if s < first_seq + discarded]
     if discarded:
         sent -= discarded
         received = max(0, received - len(gone))
@@ -448,7 +464,7 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
         rtt_source = None
 
     ttls = Counter(t for s in kept if (t := replies[s][1]) is not None)
-    last_seq = discarded + sent
+    last_seq = first_seq - 1 + discarded + sent
     return {
         "destination_name": dest_name,
         "destination_address": dest_address,
@@ -468,7 +484,7 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
         "discarded_rtts_ms": [r for s in gone if (r := replies[s][0]) is not None],
         "rtts_ms": rtts,
         "seqs": seqs,
-        "lost_seq_ranges": _gaps(discarded + 1, last_seq, kept) if sent > 0 else [],
+        "lost_seq_ranges": _gaps(first_seq + discarded, last_seq, kept) if sent > 0 else [],
         "icmp_errors": [
             {"from": source, "message": msg, "count": n}
             for (source, msg), n in error_lines.most_common(MAX_LISTED_ERRORS)
@@ -555,3 +571,218 @@ def summary(data: dict[str, Any]) -> str:
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
     return await execute(sys.modules[__name__], spec, ctx)
+
+
+# --- continuous mode ---------------------------------------------------------------------------
+#
+# One long-lived ``ping -D -O -i INTERVAL`` per target: each reply (and each "no answer yet", a
+# loss) is handed on as it comes, and every ``window_s`` of sequence numbers becomes one stored
+# result carrying that window's per-packet RTTs — one archive row a minute per target, however
+# long the monitor runs. A process lives at most STREAM_SEGMENT_S (its own ``-w``), then a fresh
+# one starts; the runner's supervisor kills it by process group at its deadline or on stop.
+
+STREAM_SEGMENT_S = 3600
+# No line at all for this long (ping prints one per interval with -O): ping is stuck; restart.
+STREAM_SILENCE_S = 30.0
+# A window closes once ping has sent this many packets past its end: a reply later than that
+# (an RTT over CLOSE_AFTER intervals) is counted lost, as ping's "no answer yet" already said.
+CLOSE_AFTER = 5
+# After a ping process ended (or failed to start), wait this long before the next one.
+RESTART_WAIT_S = 5.0
+STDERR_KEEP_BYTES = 4096
+
+_STREAM_TS_RE = re.compile(r"^\[(?P<t>\d+(?:\.\d+)?)\]\s*(?P<rest>.*)$")
+
+
+class StreamLine(NamedTuple):
+    """One line of ``ping -D -O`` output as the live view needs it: ``rtt_ms`` None with a
+    ``seq`` is a loss ("no answer yet" or an ICMP error); ``seq`` None is any other line."""
+
+    t_s: float | None
+    seq: int | None
+    rtt_ms: float | None
+
+
+def stream_line(line: str) -> StreamLine:
+    """Read one output line of a continuous ping (pure)."""
+    text = line.strip()
+    t_s: float | None = None
+    if m := _STREAM_TS_RE.match(text):
+        t_s, text = float(m.group("t")), m.group("rest")
+    if m := _REPLY_RE.match(text):
+        rest = m.group("rest")
+        if "(DUP!)" in rest or "(BAD CHECKSUM!)" in rest:
+            return StreamLine(t_s, None, None)
+        time_text = m.group("time")
+        return StreamLine(t_s, int(m.group("seq")), float(time_text) if time_text else None)
+    if m := _NO_ANSWER_RE.match(text):
+        return StreamLine(t_s, int(m.group("seq")), None)
+    if (m := _ICMP_ERROR_RE.match(text)) and m.group("seq") is not None:
+        return StreamLine(t_s, int(m.group("seq")), None)
+    return StreamLine(t_s, None, None)
+
+
+def stream_argv(spec: Spec, address: str) -> list[str]:
+    """The long-lived ping of continuous mode (``-w``: it ends on its own after a segment)."""
+    # Sequence numbers stay below 65536 within a segment (no wrap to unwrap across windows).
+    segment_s = max(1, min(STREAM_SEGMENT_S, int(60_000 * spec.interval_s)))
+    argv = ["ping", "-n", "-O", "-D"] + (["-6"] if spec.ipv6 else [])
+    argv += ["-i", f"{spec.interval_s:g}", "-s", str(spec.size_bytes), "-w", str(segment_s)]
+    return [*argv, "--", address]
+
+
+@dataclass
+class _Window:
+    first_seq: int
+    last_seq: int
+    started_at: datetime
+    t0: float
+    lines: list[str] = field(default_factory=list)
+
+
+class Stream:
+    """A continuous ping to one target. ``on_sample(t_s, rtt_ms | None)`` sees each reply or
+    loss as it comes; ``on_result(result)`` (awaited) each window's stored result."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        ctx: ProbeContext,
+        *,
+        window_s: float,
+        on_sample: Callable[[float, float | None], None],
+        on_result: Callable[[Result], Awaitable[object]],
+    ) -> None:
+        # Every window is read from its own first packet: a warm-up discard applies to a run,
+        # not to each minute of a stream.
+        self.spec = spec.model_copy(update={"discard_first": 0})
+        self.ctx = ctx
+        self.packets_per_window = max(1, round(window_s / spec.interval_s))
+        self.on_sample = on_sample
+        self.on_result = on_result
+        self.late_lines = 0  # lines about a window already stored (RTT past CLOSE_AFTER)
+        self.processes = 0
+        self.packets = 0  # lines about a packet (reply or loss) read so far
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        """End the stream: the running ping is stopped and its open window stored."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        module = sys.modules[__name__]
+        version = await tool_version(self.ctx.wrap(META.version_argv or ()))
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            packets = self.packets
+            try:
+                await self._segment(module, version)
+            except ToolNotFound as exc:
+                await self.on_result(failed_result(module, self.spec, self.ctx, str(exc)))
+            # A ping that could not send (unknown host, no route) is retried once a window, so
+            # a dead target gives one failed result a window, as a live one gives one result.
+            sent = self.packets > packets
+            wait_s = RESTART_WAIT_S if sent else max(RESTART_WAIT_S, self._window_s())
+            if time.monotonic() - t0 < wait_s:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), wait_s)
+
+    def _window_s(self) -> float:
+        return self.packets_per_window * self.spec.interval_s
+
+    async def _segment(self, module: Any, version: str | None) -> int:
+        """One ping process, start to end; returns how many results it stored."""
+        argv = self.ctx.wrap(stream_argv(self.spec, self.ctx.address))
+        segment_s = float(argv[argv.index("-w") + 1])
+        tool = await start_process(argv)
+        self.processes += 1
+        stderr = bytearray()
+        drain = asyncio.create_task(_tail(tool.process.stderr, stderr))
+        n = self.packets_per_window
+        header: list[str] = []
+        # Open windows by index (seq 1..n is window 0): at most two, one of them waiting for
+        # its last replies; windows below ``closed_below`` are stored.
+        windows: dict[int, _Window] = {}
+        closed_below = 0
+        stored = 0
+        deadline = time.monotonic() + segment_s + STREAM_SILENCE_S
+        stopping = asyncio.create_task(self._stop.wait())
+        try:
+            assert tool.process.stdout is not None
+            while True:
+                reading = asyncio.create_task(tool.process.stdout.readline())
+                left_s = min(STREAM_SILENCE_S, deadline - time.monotonic())
+                done, _ = await asyncio.wait(
+                    {reading, stopping}, timeout=max(0.0, left_s), return_when=FIRST_COMPLETED
+                )
+                if reading not in done:
+                    reading.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reading
+                    break  # stopped, silent too long, or past the segment's deadline
+                raw_line = reading.result()
+                if not raw_line:
+                    break  # ping ended (its -w, or an error)
+                text = raw_line.decode("utf-8", errors="replace").rstrip("\n")
+                seen = stream_line(text)
+                if seen.seq is None:
+                    if not windows and closed_below == 0 and text.strip():
+                        header.append(text)  # the header (and anything before a packet)
+                    continue
+                self.on_sample(seen.t_s or time.time(), seen.rtt_ms)
+                self.packets += 1
+                index = (seen.seq - 1) // n
+                if index < closed_below:
+                    self.late_lines += 1
+                    continue
+                if index not in windows:
+                    windows[index] = self._open(index, header if index == 0 else [])
+                windows[index].lines.append(text)
+                for i in sorted(windows):
+                    if windows[i].last_seq + CLOSE_AFTER < seen.seq:
+                        stored += await self._store(module, version, tool, windows.pop(i), stderr)
+                        closed_below = i + 1
+        finally:
+            stopping.cancel()
+            await tool.stop()
+            drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain
+        for i in sorted(windows):
+            stored += await self._store(module, version, tool, windows.pop(i), stderr)
+        if not stored and (header or stderr):
+            # No packet at all (no route, unknown host...): the failure is data, once.
+            stored += await self._store(module, version, tool, self._open(0, header), stderr)
+        return stored
+
+    def _open(self, index: int, header: list[str]) -> _Window:
+        n = self.packets_per_window
+        return _Window(index * n + 1, (index + 1) * n, utcnow(), time.monotonic(), list(header))
+
+    async def _store(
+        self, module: Any, version: str | None, tool: Supervised, window: _Window, err: bytearray
+    ) -> int:
+        raw = RawRun(
+            argv=tool.argv,
+            stdout="\n".join(window.lines) + ("\n" if window.lines else ""),
+            stderr=err.decode("utf-8", errors="replace"),
+            returncode=tool.returncode,
+            started_at=window.started_at,
+            duration_s=time.monotonic() - window.t0,
+            pid=tool.pid,
+        )
+        if self.ctx.raw_log is not None:
+            self.ctx.raw_log.append(
+                self.ctx.target, NAME, raw, params=self.spec.model_dump(mode="json")
+            )
+        await self.on_result(result_from_raw(module, self.spec, self.ctx, raw, version))
+        return 1
+
+
+async def _tail(stream: asyncio.StreamReader | None, sink: bytearray) -> None:
+    """Read a stream to its end, keeping only its last STDERR_KEEP_BYTES (bounded memory)."""
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        sink.extend(chunk)
+        del sink[:-STDERR_KEEP_BYTES]

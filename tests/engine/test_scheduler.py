@@ -240,3 +240,144 @@ interval_s = 1.4
     assert 0 <= gap < 1.0  # late, at once, and never overlapping
     assert [c.overran for c in cycles][:1] == [True]
     assert all(c.n_results == 10 for c in cycles)
+
+
+# --- schedule mode: each probe at its own interval ---------------------------------------------
+
+
+def schedule_text(tmp_path: Path, archive_url: str, port: int, period_s: float) -> str:
+    pingers = "".join(
+        f'\n[[targets]]\nname = "p{i}"\naddress = "127.0.0.{i + 10}"\nprobes = ["ping"]\n'
+        for i in range(4)
+    )
+    return f"""
+[monitor]
+name = "test-mon"
+cycle_interval_s = {period_s}
+archive = "{archive_url}"
+log_dir = "{tmp_path}/raw"
+
+[schedule]
+light_limit = 3
+ping = 1
+iperf3 = 2
+
+[defaults.ping]
+count = 4
+interval_s = 0.2
+
+[defaults.iperf3]
+duration_s = 1
+
+[[targets]]
+name = "bw1"
+address = "127.0.0.1"
+probes = ["ping", "iperf3"]
+[targets.iperf3]
+port = {port}
+
+[[targets]]
+name = "bw2"
+address = "127.0.0.1"
+probes = ["ping", "iperf3"]
+[targets.iperf3]
+port = {port}
+{pingers}
+"""
+
+
+def spans(results: list[Result], probe: str) -> list[tuple[float, float]]:
+    return sorted(
+        (r.started_at.timestamp(), r.started_at.timestamp() + r.duration_s)
+        for r in results
+        if r.probe == probe
+    )
+
+
+def test_schedule_mode_runs_light_probes_concurrently_and_heavy_ones_alone(
+    tmp_path: Path, archive_url: str
+) -> None:
+    from iepm.store import live
+
+    seen: list[Result] = []
+    running_seen: set[tuple[str, str]] = set()
+    with iperf3_server("127.0.0.1") as port:
+        config = load_config_text(schedule_text(tmp_path, archive_url, port, period_s=4))
+        with Archive.open(config.monitor.archive) as archive:
+            scheduler = Scheduler(config, archive, on_result=seen.append, rng=random.Random(3))
+
+            async def watch_running() -> None:
+                # What the live page would see: the tests marked as running now.
+                while True:
+                    now = await asyncio.to_thread(live.running, archive)
+                    running_seen.update((r.probe, r.target) for r in now)
+                    await asyncio.sleep(0.2)
+
+            async def main() -> list[CycleReport]:
+                reports: list[CycleReport] = []
+                watcher = asyncio.create_task(watch_running())
+                await scheduler.run(cycles=2, on_cycle=reports.append)
+                watcher.cancel()
+                return reports
+
+            reports = asyncio.run(main())
+            left_running = live.running(archive)
+            interface = live.read_window(archive, 0.0, probe="interface")
+    iperf = spans(seen, "iperf3")
+    pings = spans(seen, "ping")
+    assert all(r.succeeded for r in seen), [r.error for r in seen if not r.succeeded]
+    # Heavy: each target's iperf3 every 2 s over 8 s, one at a time, never overlapping.
+    assert len(iperf) >= 4, iperf
+    for (_, end), (start, _) in itertools.pairwise(iperf):
+        assert start >= end - 0.01
+    # Light: every target pinged about every second, several at once (within the limit of 3),
+    # and while a bandwidth test ran.
+    for target in ["bw1", "bw2", *(f"p{i}" for i in range(4))]:
+        assert sum(r.target == target and r.probe == "ping" for r in seen) >= 4, target
+    assert 2 <= scheduler.health.light_running_max <= 3
+    assert any(s < i_end and e > i_start for s, e in pings for i_start, i_end in iperf)
+    # Two periods reported (as cycles), counting what they saw.
+    assert [r.number for r in reports] == [1, 2]
+    assert sum(r.n_results for r in reports) <= len(seen)
+    assert all(r.outcomes["ok"] == r.n_results > 0 for r in reports)
+    # The live view: each bandwidth test was marked running while it ran, and none is left;
+    # the monitor's interface rates were published every 2 s (lo carried the iperf3 tests).
+    assert {("iperf3", "bw1"), ("iperf3", "bw2")} <= running_seen
+    assert left_running == []
+    lo_rx = [s.value for _, s in interface if s.target == "lo" and s.metric == "rx_mbps"]
+    assert len(lo_rx) >= 3 and max(v or 0.0 for v in lo_rx) > 10.0, lo_rx
+
+
+def test_schedule_mode_keeps_the_sanity_rule(tmp_path: Path, archive_url: str) -> None:
+    with blackhole_netns("schedt") as (netns, dead):
+        text = f"""
+[monitor]
+name = "test-mon"
+cycle_interval_s = 3
+archive = "{archive_url}"
+log_dir = "{tmp_path}/raw"
+netns = "{netns}"
+live = false
+
+[schedule]
+ping = 60
+iperf3 = 1
+
+[defaults.ping]
+count = 2
+interval_s = 0.2
+
+[[targets]]
+name = "dead"
+address = "{dead}"
+probes = ["ping", "iperf3"]
+"""
+        config = load_config_text(text)
+        seen: list[Result] = []
+        with Archive.open(config.monitor.archive) as archive:
+            scheduler = Scheduler(config, archive, on_result=seen.append)
+            asyncio.run(scheduler.run(cycles=1))
+    iperf = [r for r in seen if r.probe == "iperf3"]
+    assert iperf and all(r.outcome.value == "skipped" for r in iperf)
+    assert "ping to dead" in (iperf[0].error or "") and "ping_expected=true" in iperf[0].error
+    assert all(r.outcome.value == "failed" for r in seen if r.probe == "ping")
