@@ -33,13 +33,14 @@ from iepm import tomlload
 from iepm.cliglue import fail, guarded
 from iepm.config import Config, load_config_text
 from iepm.console import summary
-from iepm.errors import IepmError, LabError
+from iepm.errors import IepmError, LabError, StoreError
 from iepm.results import Result
 from iepm.runner import DEVNULL, start_process_sync
 
 if TYPE_CHECKING:  # imported when the demo runs: the archive and scheduler pull in SQLAlchemy
     from iepm.scheduler import CycleReport, Scheduler
     from iepm.store import Archive
+    from iepm.store.live import LiveSample
 
 TOPOLOGY = Path(__file__).resolve().parents[1] / "examples" / "lab" / "demo.toml"
 IPERF3_PORT = 5201
@@ -296,6 +297,7 @@ def run_demo(
 ) -> None:
     """The ``iepm demo`` command: start, serve, measure until Ctrl-C (or ``cycles`` cycles),
     then tear everything down."""
+    from iepm.store import live
     from iepm.web.cli import parse_listen
     from iepm.web.places import places_of
     from iepm.web.server import serve_in_background
@@ -314,6 +316,10 @@ def run_demo(
                     f"{result.outcome.value:<8} {value}",
                     highlight=False,
                 )
+                # The live pages (/live/ping) draw these replies as they arrive.
+                if demo.archive is not None and (replies := ping_replies(result)):
+                    with contextlib.suppress(StoreError):  # the result itself is spooled
+                        live.publish(demo.archive, result.monitor, replies)
 
             scheduler = demo.open(on_result)
             if serve:
@@ -341,6 +347,27 @@ def run_demo(
         console.print("iepm demo: stopped; servers and lab removed")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def ping_replies(result: Result) -> list[LiveSample]:
+    """A ping run's replies as live samples (a lost one as a gap), oldest first. The demo runs
+    ping in cycles, not continuously, so it publishes each run's replies when the run ends; each
+    is timed when its request was sent: start + (icmp_seq − 1) × interval."""
+    from iepm.store.live import LiveSample
+
+    if result.probe != "ping":
+        return []
+    data, start_s = result.data, result.started_at.timestamp()
+    interval_s = float(result.params.get("interval_s", 1.0))
+
+    def sample(seq: int, rtt_ms: float | None) -> LiveSample:
+        return LiveSample(result.target, "ping", "rtt_ms", start_s + (seq - 1) * interval_s, rtt_ms)
+
+    out = [
+        sample(s, r) for s, r in zip(data.get("seqs") or [], data.get("rtts_ms") or [], strict=True)
+    ]
+    out += [sample(s, None) for a, b in data.get("lost_seq_ranges") or [] for s in range(a, b + 1)]
+    return sorted(out, key=lambda s: s.t_s)
 
 
 def _headline(result: Result) -> str:
