@@ -251,11 +251,12 @@ class Hub:
 
     def results_after(self, mark: int, probes: set[str] | None) -> tuple[list[LiveResult], int]:
         out = []
+        newest = mark
         for seen_ms, result in self.results:
             if seen_ms > mark and (probes is None or result.probe in probes):
                 out.append(result)
-            mark = max(mark, seen_ms)
-        return out, mark
+            newest = max(newest, seen_ms)
+        return out, newest
 
 
 def _first_after(ring: deque[tuple[int, LiveSample]], after: int) -> int:

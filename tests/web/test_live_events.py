@@ -221,11 +221,15 @@ def test_new_light_probe_results_and_running_tests_reach_the_stream(
     stream = events(served.url + "live/events?probe=ping")
     assert until(lambda: stream.of("running")), stream.failure
     ctx = ProbeContext(target="loopback", address="127.0.0.1", monitor="mon")
-    result = asyncio.run(ping.run(ping.Spec(count=2, interval_s=0.2), ctx))
-    archive.add(result)
-    assert until(lambda: stream.of("results"), 30.0), stream.failure
-    [sent] = [r for e in stream.of("results") for r in e["data"]["results"]]
-    assert sent["id"] == result.id and sent["target"] == "loopback"
+    # Two at once: the hub sees both in one poll, and the stream must send both.
+    results = [asyncio.run(ping.run(ping.Spec(count=2, interval_s=0.2), ctx)) for _ in range(2)]
+    archive.add_many(results)
+    sent_ids = lambda: [r["id"] for e in stream.of("results") for r in e["data"]["results"]]  # noqa: E731
+    assert until(lambda: len(sent_ids()) >= 2, 30.0), stream.failure
+    assert sorted(sent_ids()) == sorted(r.id for r in results)
+    result = results[0]
+    [sent] = [r for e in stream.of("results") for r in e["data"]["results"] if r["id"] == result.id]
+    assert sent["target"] == "loopback"
     assert sent["figures"]["rtt_avg_ms"] == pytest.approx(result.data["rtt_avg_ms"])
     assert "rtts_ms" not in sent["figures"]  # numbers only, no per-packet arrays
     live.set_running(archive, "mon", "iperf3", "cern", {"streams": 4}, deadline_s=60)
