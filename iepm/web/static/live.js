@@ -42,7 +42,8 @@
     const series = [{ label: "time (UTC)", value: (u, v) => v == null ? "–" : iso(v) }];
     labels.forEach((label, i) => series.push(Object.assign({
       label: label, stroke: colors[i % colors.length], width: 1.5,
-      spanGaps: false, points: { show: false },
+      // Points are drawn where they are sparse enough to see (uPlot's default).
+      spanGaps: false,
     }, styles ? styles(label, i) : {})));
     const opts = {
       width: Math.max(320, el.clientWidth || chartsEl.clientWidth || 800),
