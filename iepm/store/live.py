@@ -13,15 +13,19 @@ what the archive keeps for years is the per-minute result that carries the same 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import and_, delete, func, select
 
 from iepm.store.archive import Archive
+from iepm.store.filters import result_conditions
 from iepm.store.schema import live_running as RUNNING
 from iepm.store.schema import live_samples as SAMPLES
+from iepm.store.schema import results as RESULTS
 
 # How long live samples stay: the longest live view (an hour of per-second RTTs) and no more.
 KEEP_S = 3600.0
@@ -157,3 +161,68 @@ def running(archive: Archive) -> list[Running]:
     )  # fmt: skip
     with archive.reading("cannot read the running tests") as conn:
         return [Running(*row) for row in conn.execute(query)]
+
+
+# -- reads for the live pages' stream ---------------------------------------------------------
+
+
+class LiveResult(NamedTuple):
+    """A new result as the live pages see it: its scalar figures only (no per-packet arrays)."""
+
+    id: str
+    probe: str
+    target: str
+    t_s: float
+    succeeded: bool
+    figures: dict[str, float]
+
+
+def recent_result_ids(archive: Archive, probes: Sequence[str], since_s: float) -> dict[str, float]:
+    """Ids (with their start, epoch seconds) of the results of ``probes`` started at or after
+    ``since_s``: what a poller compares with what it has seen (results have no growing id, and
+    one stored late may have started early). Uses the (probe, started_at) index."""
+    if not probes:
+        return {}
+    since = datetime.fromtimestamp(since_s, UTC)
+    query = select(RESULTS.c.id, RESULTS.c.started_at).where(
+        *result_conditions(probe=list(probes), since=since)
+    )
+    with archive.reading("cannot read new results") as conn:
+        return {str(row[0]): row[1].timestamp() for row in conn.execute(query)}
+
+
+def results_by_id(archive: Archive, ids: Sequence[str]) -> list[LiveResult]:
+    """The results named, oldest first, with the numbers of their ``data``."""
+    if not ids:
+        return []
+    query = (
+        select(RESULTS.c.id, RESULTS.c.probe, RESULTS.c.target, RESULTS.c.started_at,
+               RESULTS.c.succeeded, RESULTS.c.data)
+        .where(RESULTS.c.id.in_(list(ids)))
+        .order_by(RESULTS.c.started_at)
+    )  # fmt: skip
+    with archive.reading("cannot read new results") as conn:
+        rows = conn.execute(query).all()
+    return [
+        LiveResult(str(r[0]), str(r[1]), str(r[2]), r[3].timestamp(), bool(r[4]), _figures(r[5]))
+        for r in rows
+    ]
+
+
+def _figures(data: Any) -> dict[str, float]:
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in data.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def pg_conninfo(archive: Archive) -> str | None:
+    """The libpq URL of a PostgreSQL archive (for a LISTEN connection of its own), None for
+    SQLite."""
+    url = archive._engine.url  # the store's own engine: this module is part of the store
+    if url.get_backend_name() != "postgresql":
+        return None
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -28,7 +28,7 @@ from iepm import __version__
 from iepm.analysis.statistics import at
 from iepm.errors import StoreError
 from iepm.scheduler import SchedulerHealth
-from iepm.web import api, metrics, site
+from iepm.web import api, live, metrics, site
 from iepm.web.context import HERE, INVALID, UNAVAILABLE, WebContext, templates
 from iepm.web.health import Thresholds, judge
 from iepm.web.pages import mesh as mesh_grid
@@ -71,6 +71,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        await live.end_streams(_app)
         context.close()
 
     app = FastAPI(
@@ -98,6 +99,7 @@ def create_app(
     app.include_router(metrics.router())
     app.include_router(mesh_grid.router())
     app.include_router(mesh_pair.router())
+    app.include_router(live.router())
     return app
 
 

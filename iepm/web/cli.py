@@ -37,7 +37,6 @@ def serve_command(
     ] = None,
 ) -> None:
     """Serve the report pages, the REST API (/api/v1, docs at /docs) and /metrics."""
-    import uvicorn
     from uvicorn.supervisors import Multiprocess
 
     from iepm.config import load_config
@@ -48,6 +47,7 @@ def serve_command(
         GRACEFUL_SHUTDOWN_S,
         THRESHOLDS_ENV,
         URL_ENV,
+        Server,
         TcpConfig,
         uvicorn_config,
     )
@@ -90,7 +90,7 @@ def serve_command(
             Multiprocess(config, sockets=[sock]).run()
         return
     # uvicorn handles SIGINT/SIGTERM: stop accepting, let requests finish, then exit.
-    server = uvicorn.Server(config)
+    server = Server(config)
     server.run()
     if not server.started:
         raise fail(f"could not listen on {listen}", ExitCode.FAILED)

@@ -72,6 +72,18 @@ def uvicorn_config(
     )
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server that first ends the live pages' event streams when it shuts down:
+    they never end by themselves, and uvicorn would wait for them until its graceful timeout
+    (GRACEFUL_SHUTDOWN_S) before cancelling them."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        from iepm.web.live import end_streams
+
+        await end_streams(self.config.app)
+        await super().shutdown(sockets)
+
+
 @dataclass
 class ServerHandle:
     """A server running in a thread of this process; ``stop()`` shuts it down gracefully."""
@@ -100,7 +112,7 @@ def serve_in_background(
     scheduler's ``health`` so /metrics shows its archive write failures). Returns once the
     server accepts connections; raises IepmError if it could not start."""
     config = uvicorn_config(archive_url, host, port, health, places, cache_ttl_s=cache_ttl_s)
-    server = uvicorn.Server(config)
+    server = Server(config)
     # Signals belong to the main program (the demo stops us with stop()).
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, name=f"iepm-web-{port}", daemon=True)
