@@ -389,45 +389,52 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
     sid = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(sid)
     problems: list[str] = []
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 21)
-        sock.connect((host, port))
-        sent = _send_train(sock, sid, 0, plan.capacity_packets, plan.size_bytes, None)
-        trains = [Train(plan.size_bytes, None, sent, [])]
-        if plan.trains:
-            # Spruce needs the capacity before its trains: one round trip more.
-            got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
-            trains[0].received = [(s, t) for i, s, t in got if i == 0]
-            capacity = capacity_bps(trains[0])
-            for index in range(2, 2 + plan.trains if capacity else 0):
+    trains: list[Train] = []
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 21)
+            sock.connect((host, port))
+            sent = _send_train(sock, sid, 0, plan.capacity_packets, plan.size_bytes, None)
+            trains.append(Train(plan.size_bytes, None, sent, []))
+            if plan.trains:
+                # Spruce needs the capacity before its trains: one round trip more.
+                got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
+                trains[0].received = [(s, t) for i, s, t in got if i == 0]
+                capacity = capacity_bps(trains[0])
+                for index in range(2, 2 + plan.trains if capacity else 0):
+                    if time.monotonic() - started > deadline_s:
+                        break
+                    _sleep_exp(rng, plan.trains, plan.spread_s)
+                    sent = _send_train(
+                        sock, sid, index, plan.train_packets, plan.size_bytes, capacity
+                    )
+                    trains.append(Train(plan.size_bytes, capacity, sent, []))
+            probes = Train(plan.probe_size_bytes, None, [], [])
+            trains.insert(1, probes)
+            pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
+            for seq in range(plan.probes):
                 if time.monotonic() - started > deadline_s:
+                    problems.append(f"stopped at the {deadline_s:g} s deadline")
                     break
-                _sleep_exp(rng, plan.trains, plan.spread_s)
-                sent = _send_train(sock, sid, index, plan.train_packets, plan.size_bytes, capacity)
-                trains.append(Train(plan.size_bytes, capacity, sent, []))
-        probes = Train(plan.probe_size_bytes, None, [], [])
-        pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
-        for seq in range(plan.probes):
-            if time.monotonic() - started > deadline_s:
-                problems.append(f"stopped at the {deadline_s:g} s deadline")
-                break
-            _sleep_exp(rng, plan.probes, plan.spread_s)
-            probes.sent_ns.append(time.perf_counter_ns())
-            sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
-        trains.insert(1, probes)
-        got = _query(sock, sid, plan.reply_timeout_s, plan.tries)
-        if got is None:
-            problems.append("no answer from the receiver")
-        # The wire's train numbers: 0 capacity, 1 the probes, 2… Spruce's trains.
-        by_index = dict(enumerate(trains))
-        for t in trains:
-            t.received = []
-        for index, seq, ns in got or []:
-            if index in by_index and seq < len(by_index[index].sent_ns):
-                by_index[index].received.append((seq, ns))
-        with contextlib.suppress(OSError):
-            sock.send(BYE.pack(MAGIC_BYE, sid))
+                _sleep_exp(rng, plan.probes, plan.spread_s)
+                probes.sent_ns.append(time.perf_counter_ns())
+                sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
+            got = _query(sock, sid, plan.reply_timeout_s, plan.tries)
+            if got is None:
+                problems.append("no answer from the receiver")
+            # The wire's train numbers: 0 capacity, 1 the probes, 2… Spruce's trains.
+            by_index = dict(enumerate(trains))
+            for t in trains:
+                t.received = []
+            for index, seq, ns in got or []:
+                if index in by_index and seq < len(by_index[index].sent_ns):
+                    by_index[index].received.append((seq, ns))
+            with contextlib.suppress(OSError):
+                sock.send(BYE.pack(MAGIC_BYE, sid))
+    except OSError as exc:
+        # ICMP port unreachable (no receiver) or no route: what was sent so far is reported.
+        problems.append(f"sending to {host} port {port} failed: {exc.strerror or exc}")
     return {
         "tool": VERSION,
         "plan": asdict(plan),
@@ -460,8 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rx = sub.add_parser("receive")
     rx.add_argument("--port", type=int, required=True)
     rx.add_argument("--bind")
-    rx.add_argument("--duration-s", type=float, required=True)
-    rx.add_argument("--max-bytes", type=int, required=True)
+    rx.add_argument("--duration-s", type=float, default=10.0)
+    rx.add_argument("--max-bytes", type=int, default=100_000)
+    rx.add_argument("--grant", help="JSON file with duration_s and max_bytes (the agent's)")
     tx = sub.add_parser("send")
     tx.add_argument("host")
     tx.add_argument("port", type=int)
@@ -475,7 +483,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     tx.add_argument("--deadline-s", type=float, default=2.0)
     args = parser.parse_args(argv)
     if args.command == "receive":
-        return receive(args.port, args.bind, args.duration_s, args.max_bytes)
+        duration_s, max_bytes = args.duration_s, args.max_bytes
+        if args.grant:
+            with open(args.grant) as fh:
+                grant = json.load(fh)
+            duration_s, max_bytes = float(grant["duration_s"]), int(grant["max_bytes"])
+        return receive(args.port, args.bind, duration_s, max_bytes)
     plan = Plan(
         size_bytes=args.size_bytes,
         capacity_packets=args.capacity_packets,
