@@ -1,13 +1,13 @@
 """The packet-train tool of the ``abw`` probe: a receiver the agent leases, a sender the monitor
 runs, their wire format, and the dispersion maths both sides share.
 
-``python -m iepm.remote.abw receive --port P [--bind A] --duration-s S --max-bytes B`` is the
+``python iepm/abwtool.py receive --port P [--bind A] --duration-s S --max-bytes B`` is the
 one-shot server of the agent's ``abw`` kind: it stamps every probe datagram with the kernel's
 receive time (SO_TIMESTAMPNS, read from recvmsg's ancillary data, so the receiver's own
 scheduling does not blur the spacing), answers each train's query with the stamps, and exits on
 the sender's goodbye, at its deadline, or (exit 3) when more than its byte budget arrives.
 
-``python -m iepm.remote.abw send HOST PORT [options]`` sends the trains (see :func:`send`) and
+``python iepm/abwtool.py send HOST PORT [options]`` sends the trains (see :func:`send`) and
 prints one JSON document with every send and receive time: the probe's raw output, from which
 ``parse()`` recomputes the estimate (:func:`estimate`) without the network.
 
@@ -18,7 +18,8 @@ Wire (all big-endian; a datagram's payload, padded with zeros to the probe size)
             recv_ns:u64) in arrival order
     bye     b"IEAB" session:u32
 
-This module imports nothing from the monitor's probes: the agent runs it.
+Standard library only: the agent runs this file by path (no iepm on its path needed), and the
+probe imports it for the maths (probes may not import iepm.remote).
 """
 
 from __future__ import annotations
@@ -461,7 +462,7 @@ def trains_from_doc(doc: dict[str, Any]) -> list[Train]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m iepm.remote.abw")
+    parser = argparse.ArgumentParser(prog="python iepm/abwtool.py")
     parser.add_argument("--version", action="version", version=VERSION)
     sub = parser.add_subparsers(dest="command", required=True)
     rx = sub.add_parser("receive")

@@ -2,7 +2,7 @@
 receiver, the ``abw`` server kind). A light probe: at most ``budget_bytes`` (100 kB by default)
 and about a second per estimate, so it can run every minute where iperf3 runs every 90.
 
-The tool is ``iepm/remote/abw.py`` (one stdlib-only file, run by path): it sends a
+The tool is ``iepm/abwtool.py`` (one stdlib-only file, run by path): it sends a
 back-to-back train of full-size packets, whose spacing at the receiver gives the bottleneck's
 capacity C, then small probes at Poisson moments, whose one-way delays tell how often they found
 the bottleneck busy — its utilisation u; A = C·(1 − u). The receiver stamps every packet with
@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from iepm import abwtool as tool
 from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed
 from iepm.probes.base import (
     Column,
@@ -35,7 +36,6 @@ from iepm.probes.base import (
     failed_result,
     figure,
 )
-from iepm.remote import abw as tool
 from iepm.results import Result
 from iepm.runner import RawRun
 

@@ -232,8 +232,9 @@ XROOTD = ServerKind(
 
 # --- abw: the packet-train receiver ------------------------------------------------------------
 
-# The tool is one stdlib-only file, run by path: the receiver needs no iepm on the server's path.
-ABW_TOOL = str(Path(__file__).with_name("abw.py"))
+# The tool is one stdlib-only file shared with the monitor (iepm/abwtool.py: probes may not
+# import remote/), run by path: the receiver needs no iepm on the server's path.
+ABW_TOOL = str(Path(__file__).parent.parent / "abwtool.py")
 ABW_GRANT = "abw.json"
 ABW_CUT = re.compile(rb"^cut: (.*)")
 
