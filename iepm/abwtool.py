@@ -67,7 +67,6 @@ BUSY_PACKET_SHARE = 0.1
 MTU_BYTES = 1500
 NOISE_FLOOR_NS = 120_000
 MIN_PROBES = 20
-EXTRAPOLATE = True
 READY = b"iepm abw receiver listening on"
 
 
@@ -218,7 +217,9 @@ def one_way_delays_ns(train: Train) -> list[int]:
     return [ns - train.sent_ns[seq] for seq, ns in train.received if 0 <= seq < len(train.sent_ns)]
 
 
-def busy_fraction(train: Train, capacity: float) -> tuple[float, int] | None:
+def busy_fraction(
+    train: Train, capacity: float, noise_floor_ns: float = NOISE_FLOOR_NS
+) -> tuple[float, int] | None:
     """Share of the probes that found the bottleneck busy, and how many probes count. A probe
     waited when its one-way delay exceeds the path's least (an empty queue) by more than
     :data:`BUSY_PACKET_SHARE` of a full-size packet's time at the bottleneck and the timing
@@ -229,10 +230,10 @@ def busy_fraction(train: Train, capacity: float) -> tuple[float, int] | None:
         return None
     floor = min(delays)
     packet_ns = MTU_BYTES * 8 / capacity * 1e9
-    threshold = max(NOISE_FLOOR_NS, BUSY_PACKET_SHARE * packet_ns)
+    threshold = max(noise_floor_ns, BUSY_PACKET_SHARE * packet_ns)
     waits = [d - floor for d in delays]
     busy = sum(1 for w in waits if w > threshold)
-    if EXTRAPOLATE and BUSY_PACKET_SHARE * packet_ns <= NOISE_FLOOR_NS:
+    if BUSY_PACKET_SHARE * packet_ns < noise_floor_ns:
         # Waits under the threshold are lost in the noise; the wait of a probe that meets a
         # packet in service is uniform over that packet's time, so the band just above the
         # threshold tells how many fell below it.
@@ -250,7 +251,7 @@ class Estimate:
     error: str | None = None
 
 
-def estimate(trains: Sequence[Train]) -> Estimate:
+def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) -> Estimate:
     """Available bandwidth from a run: the capacity C from the back-to-back train (train 0),
     the utilisation u from the probes' delays (train 1), A = C·(1 − u)."""
     if not trains:
@@ -259,7 +260,7 @@ def estimate(trains: Sequence[Train]) -> Estimate:
     if capacity is None:
         got = len(trains[0].received)
         return Estimate(None, None, 0.0, 0, f"the capacity train came back with {got} packets")
-    busy = busy_fraction(trains[1], capacity) if len(trains) > 1 else None
+    busy = busy_fraction(trains[1], capacity, noise_floor_ns) if len(trains) > 1 else None
     if busy is None:
         return Estimate(None, capacity, 0.0, 0, f"fewer than {MIN_PROBES} probes came back")
     share, count = busy
@@ -414,11 +415,14 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
             probes = Train(plan.probe_size_bytes, None, [], [])
             trains.insert(1, probes)
             pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
+            # Poisson moments on one clock: a late wake-up delays one probe, not all after it.
+            due = time.monotonic()
             for seq in range(plan.probes):
-                if time.monotonic() - started > deadline_s:
+                due += rng.expovariate(plan.probes / plan.spread_s)
+                if due - started > deadline_s:
                     problems.append(f"stopped at the {deadline_s:g} s deadline")
                     break
-                _sleep_exp(rng, plan.probes, plan.spread_s)
+                time.sleep(max(0.0, due - time.monotonic()))
                 probes.sent_ns.append(time.perf_counter_ns())
                 sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
             got = _query(sock, sid, plan.reply_timeout_s, plan.tries)
