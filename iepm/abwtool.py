@@ -212,20 +212,31 @@ def cross_bps(train: Train, capacity: float, stall: float = STALL) -> float | No
     return max(0.0, (capacity * sum_out_s - len(kept) * train.bits()) / sum_in_s)
 
 
-def one_way_delays_ns(train: Train) -> list[int]:
-    """Receive minus send time of each packet that arrived (an unknown clock offset included)."""
-    return [ns - train.sent_ns[seq] for seq, ns in train.received if 0 <= seq < len(train.sent_ns)]
+def one_way_delays_ns(train: Train, after_ns: int | None = None) -> list[int]:
+    """Receive minus send time of each packet that arrived (an unknown clock offset included),
+    of those sent after ``after_ns`` (sender's clock) if given."""
+    return [
+        ns - train.sent_ns[seq]
+        for seq, ns in train.received
+        if 0 <= seq < len(train.sent_ns) and (after_ns is None or train.sent_ns[seq] > after_ns)
+    ]
+
+
+def drained_ns(train: Train, capacity: float) -> int:
+    """When (sender's clock) the back-to-back train has surely left the bottleneck: probes sent
+    before would wait behind it and count its own load as the path's (twice its time)."""
+    return train.sent_ns[0] + int(2 * len(train.sent_ns) * train.bits() / capacity * 1e9)
 
 
 def busy_fraction(
-    train: Train, capacity: float, noise_floor_ns: float = NOISE_FLOOR_NS
+    train: Train, capacity: float, noise_floor_ns: float = NOISE_FLOOR_NS, after_ns: int = 0
 ) -> tuple[float, int] | None:
     """Share of the probes that found the bottleneck busy, and how many probes count. A probe
     waited when its one-way delay exceeds the path's least (an empty queue) by more than
     :data:`BUSY_PACKET_SHARE` of a full-size packet's time at the bottleneck and the timing
     noise floor :data:`NOISE_FLOOR_NS`. Sent at Poisson moments, the probes see the link's
     time average (PASTA): the busy share is its utilisation."""
-    delays = one_way_delays_ns(train)
+    delays = one_way_delays_ns(train, after_ns)
     if len(delays) < MIN_PROBES:
         return None
     floor = min(delays)
@@ -253,14 +264,19 @@ class Estimate:
 
 def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) -> Estimate:
     """Available bandwidth from a run: the capacity C from the back-to-back train (train 0),
-    the utilisation u from the probes' delays (train 1), A = C·(1 − u)."""
+    the utilisation u from the delays of the probes (train 1) sent once that train had left
+    the bottleneck, A = C·(1 − u)."""
     if not trains:
         return Estimate(None, None, 0.0, 0, "no train was sent")
     capacity = capacity_bps(trains[0])
     if capacity is None:
         got = len(trains[0].received)
         return Estimate(None, None, 0.0, 0, f"the capacity train came back with {got} packets")
-    busy = busy_fraction(trains[1], capacity, noise_floor_ns) if len(trains) > 1 else None
+    busy = (
+        busy_fraction(trains[1], capacity, noise_floor_ns, drained_ns(trains[0], capacity))
+        if len(trains) > 1
+        else None
+    )
     if busy is None:
         return Estimate(None, capacity, 0.0, 0, f"fewer than {MIN_PROBES} probes came back")
     share, count = busy
