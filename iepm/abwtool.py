@@ -145,8 +145,12 @@ def receive(
                 # Only the sender of the probes gets their stamps: no reflection to others.
                 if session is None or session.peer != peer[0]:
                     continue
+                # Every page from the offset on, back to back: one round trip for the lot.
                 with contextlib.suppress(OSError):
-                    sock.sendto(report(sid, offset, session.stamps), peer)
+                    for start in range(
+                        offset, max(offset + 1, len(session.stamps)), MAX_REPORT_ENTRIES
+                    ):
+                        sock.sendto(report(sid, start, session.stamps), peer)
                 print(f"query from stamp {offset}: {received_bytes} bytes so far", file=out)
             elif magic == MAGIC_BYE and len(data) >= BYE.size:
                 _, sid = BYE.unpack_from(data)
@@ -321,7 +325,7 @@ class Plan:
     capacity_packets: int = 16
     probes: int = 400
     probe_size_bytes: int = 64
-    spread_s: float = 0.6
+    spread_s: float = 0.5
     trains: int = 0
     train_packets: int = 5
     reply_timeout_s: float = 0.3
@@ -367,24 +371,14 @@ def _send_train(
 def _query(
     sock: socket.socket, sid: int, timeout_s: float, tries: int
 ) -> list[tuple[int, int, int]] | None:
-    """Every stamp the receiver holds for the session, page by page; None if it never answers
-    (each page asked up to ``tries`` times, ``timeout_s`` each)."""
-    stamps: list[tuple[int, int, int]] = []
-    while True:
-        page = _page(sock, sid, len(stamps), timeout_s, tries)
-        if page is None:
-            return None
-        entries, total = page
-        stamps += entries
-        if not entries or len(stamps) >= total:
-            return stamps
-
-
-def _page(
-    sock: socket.socket, sid: int, offset: int, timeout_s: float, tries: int
-) -> tuple[list[tuple[int, int, int]], int] | None:
+    """Every stamp the receiver holds for the session: it sends all pages from the offset
+    asked for; a page lost is asked for again (up to ``tries`` queries, ``timeout_s`` each).
+    None if it never answers."""
+    pages: dict[int, list[tuple[int, int, int]]] = {}
+    total: int | None = None
     for _ in range(tries):
-        sock.send(QUERY.pack(MAGIC_QUERY, sid, offset))
+        have = _contiguous(pages)
+        sock.send(QUERY.pack(MAGIC_QUERY, sid, len(have)))
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             if not select.select([sock], [], [], left)[0]:
@@ -395,13 +389,23 @@ def _page(
                 return None
             if len(data) < REPORT.size:
                 continue
-            magic, rsid, roffset, n, total = REPORT.unpack_from(data)
-            if magic != MAGIC_REPORT or rsid != sid or roffset != offset:
-                continue  # a late answer to an earlier try
+            magic, rsid, offset, n, total = REPORT.unpack_from(data)
+            if magic != MAGIC_REPORT or rsid != sid:
+                continue
             body = data[REPORT.size : REPORT.size + n * ENTRY.size]
             count = len(body) // ENTRY.size
-            return [ENTRY.unpack_from(body, i * ENTRY.size) for i in range(count)], total
-    return None
+            pages[offset] = [ENTRY.unpack_from(body, i * ENTRY.size) for i in range(count)]
+            if len(_contiguous(pages)) >= total:
+                return _contiguous(pages)[:total]
+    return None if total is None else _contiguous(pages)
+
+
+def _contiguous(pages: dict[int, list[tuple[int, int, int]]]) -> list[tuple[int, int, int]]:
+    """The stamps from 0 up to the first page missing."""
+    out: list[tuple[int, int, int]] = []
+    while len(out) in pages and pages[len(out)]:
+        out += pages[len(out)]
+    return out
 
 
 def _sleep_exp(rng: random.Random, count: int, spread_s: float) -> None:

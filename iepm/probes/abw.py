@@ -100,7 +100,7 @@ class Spec(ProbeSpec):
         default=64, ge=tool.MIN_SIZE_BYTES, le=1500, description="IP size of a probe, bytes"
     )
     spread_s: float = Field(
-        default=0.6,
+        default=0.5,
         ge=0.05,
         le=10,
         description="time the probes are spread over (Poisson), s",
