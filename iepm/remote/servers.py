@@ -11,9 +11,11 @@ This module is the agent's and must not import the monitor's probes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,7 +230,58 @@ XROOTD = ServerKind(
     setup=_xrootd_setup,
 )
 
-KINDS: dict[str, ServerKind] = {kind.name: kind for kind in (IPERF3, XROOTD)}
+# --- abw: the packet-train receiver ------------------------------------------------------------
+
+# The tool is one stdlib-only file shared with the monitor (iepm/abwtool.py: probes may not
+# import remote/), run by path: the receiver needs no iepm on the server's path.
+ABW_TOOL = str(Path(__file__).parent.parent / "abwtool.py")
+ABW_GRANT = "abw.json"
+ABW_CUT = re.compile(rb"^cut: (.*)")
+
+
+def _abw_argv(program: str, port: int, bind: str | None, rate_bps: int | None) -> list[str]:
+    # Its limits come from the grant, through the file _abw_setup writes in its directory.
+    argv = [program, ABW_TOOL, "receive", "--port", str(port), "--grant", ABW_GRANT]
+    return argv + (["--bind", bind] if bind is not None else [])
+
+
+def _abw_setup(workdir: Path, grant: Grant) -> None:
+    # The receiver stops itself (exit 3, "cut: …") past the byte budget the request named.
+    limits = {"duration_s": grant.test_s, "max_bytes": grant.size_bytes or ABW_DEFAULT_BYTES}
+    (workdir / ABW_GRANT).write_text(json.dumps(limits))
+
+
+ABW_DEFAULT_BYTES = 100_000
+
+
+class AbwGuard:
+    """The receiver counts the probe bytes itself and says when they exceed the grant."""
+
+    def __init__(self, grant: Grant) -> None:
+        self.grant = grant
+
+    def line(self, line: bytes) -> str | None:
+        cut = ABW_CUT.match(line)
+        return None if cut is None else cut[1].decode(errors="replace").strip()
+
+    def inspect_sockets(self, line: bytes) -> bool:
+        return False
+
+    def carries_data(self, peer_port: int) -> bool:
+        return True
+
+
+ABW = ServerKind(
+    name="abw",
+    program=sys.executable,
+    version_argv=(ABW_TOOL, "--version"),
+    ready=b"iepm abw receiver listening on",
+    argv=_abw_argv,
+    guard=AbwGuard,
+    setup=_abw_setup,
+)
+
+KINDS: dict[str, ServerKind] = {kind.name: kind for kind in (IPERF3, XROOTD, ABW)}
 DEFAULT_KIND = IPERF3.name
 
 

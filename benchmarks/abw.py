@@ -1,0 +1,292 @@
+"""The abw probe against ground truth and against iperf3, on the same lab paths in one run.
+
+For each path (capacity C Mbit/s, cross traffic share of it from the lab's UDP generator), in a
+lab of one link (the delay line's rate is the bottleneck, the truth), with an ``iepm agent`` in
+the target leasing both the abw receiver and iperf3:
+
+- the abw probe ``--estimates`` times: error against the truth A = C − cross, where cross is the
+  bottleneck's delivered bytes over the estimates' span (delay-line counters) less the probes'
+  own; bytes and seconds per estimate;
+- the method it was chosen over, Spruce (trains of 5 at C sent at random moments, 10 per run),
+  from the same tool's runs with both (``--methods`` runs per path);
+- one iperf3 TCP test (``--iperf3-s`` seconds): throughput, bytes and seconds; the cost ratio
+  (iperf3 bytes / abw bytes per estimate) is the point;
+- the lab's own timing noise: one-way delay of the probes above the least on paths with no
+  cross traffic (the delay line wakes up late for a packet that finds it idle).
+
+Then 20 targets (each behind its own 100 Mbit/s link, a receiver already listening: plain
+endpoints) estimated concurrently, wall time against the 10 s goal.
+
+Needs root. Prints JSON (figure: pooled median error; baseline: iperf3's bytes per test;
+ratio: iperf3 bytes / abw bytes).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/abw.py [--paths 10:0,100:0.5] [--estimates 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from iepm import abwtool as tool
+from iepm.config import AgentAccess
+from iepm.lab import Lab
+from iepm.probes import abw, iperf3
+from iepm.probes.base import ProbeContext
+from iepm.remote.lease import server_source
+from tests.remote.conftest import running_agent
+
+PATHS = "10:0,10:0.7,50:0.3,100:0,100:0.5,200:0.7,500:0,500:0.3"
+LINK = "mon-tg"
+AGENT_PORT = 8720
+RECEIVER_PORT = 7855
+
+
+def topology(name: str, rate_mbit: float, cross_mbit: float) -> dict[str, Any]:
+    topo: dict[str, Any] = {
+        "lab": {"name": name, "seed": 5},
+        "hosts": [{"name": "mon", "role": "monitor"}, {"name": "tg", "role": "target"}],
+        "links": [{"a": "mon", "b": "tg", "delay_ms": 2.0, "rate_mbit": rate_mbit}],
+    }
+    if cross_mbit > 0:
+        topo["traffic"] = [{"src": "mon", "dst": "tg", "protocol": "udp", "rate_mbit": cross_mbit}]
+    return topo
+
+
+def delivered_bytes(lab: Lab, link: str = LINK) -> int:
+    for _ in range(50):  # the control socket may time out while a burst is forwarded
+        with contextlib.suppress(Exception):
+            return int(lab.link_state(link)["ab"]["stats"]["bytes_delivered"])
+        time.sleep(0.05)
+    raise RuntimeError(f"delay line of {link} does not answer")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def error_summary(errors: list[float]) -> dict[str, float | int]:
+    return {
+        "median_error": round(statistics.median(errors), 4),
+        "p90_error": round(pct(errors, 0.9), 4),
+        "n": len(errors),
+    }
+
+
+@contextlib.contextmanager
+def lab_with_agent(rate_mbit: float, share: float, index: int) -> Iterator[tuple[Lab, Any]]:
+    name = f"abwb{os.getpid()}x{index}"
+    base = Path(tempfile.mkdtemp(prefix="iepm-abwb-", dir="/var/tmp"))
+    try:
+        with (
+            Lab.up(topology("abwb", rate_mbit, rate_mbit * share), name=name) as lab,
+            running_agent(
+                base,
+                address=lab.address("tg"),
+                port=AGENT_PORT,
+                netns=lab.netns("tg"),
+                kinds=("abw", "iperf3"),
+            ) as agent,
+        ):
+            lab.wait_reachable("mon")
+            access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
+            ctx = ProbeContext(
+                target="tg",
+                address=lab.address("tg"),
+                monitor="mon1",
+                netns=lab.netns("mon"),
+                servers=server_source(access),
+            )
+            yield lab, ctx
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def receiver(lab: Lab, node: str, log: Path) -> subprocess.Popen[bytes]:
+    """A receiver in ``node``, once it says it listens (its log), within 10 s."""
+    argv = [sys.executable, abw.TOOL_PATH, "receive", "--port", str(RECEIVER_PORT)]
+    rx = lab.popen(node, [*argv, "--duration-s", "60", "--max-bytes", "1000000"], log=log)
+    deadline = time.monotonic() + 10.0
+    while tool.READY not in (log.read_bytes() if log.exists() else b""):
+        if time.monotonic() > deadline or rx.poll() is not None:
+            raise RuntimeError(f"receiver in {node} did not start: {log.read_text()[-300:]}")
+        time.sleep(0.05)
+    return rx
+
+
+def tool_runs(lab: Lab, runs: int) -> list[dict[str, Any]]:
+    """The tool with Spruce's trains added, against a receiver started for each run."""
+    docs = []
+    for i in range(runs):
+        rx = receiver(lab, "tg", lab.run_dir / f"rx{i}.log")
+        argv = [sys.executable, abw.TOOL_PATH, "send", lab.address("tg"), str(RECEIVER_PORT)]
+        raw = lab.exec("mon", [*argv, "--trains", "10"], timeout_s=10)
+        lab.stop(rx)
+        with contextlib.suppress(json.JSONDecodeError):
+            docs.append(json.loads(raw.stdout))
+    return docs
+
+
+def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namespace) -> dict:
+    with lab_with_agent(rate_mbit, share, index) as (lab, ctx):
+        if share:
+            time.sleep(2.0)  # the generator's client is up
+        b0, t0 = delivered_bytes(lab), time.monotonic()
+        runs = [asyncio.run(abw.run(abw.Spec(), ctx)) for _ in range(args.estimates)]
+        docs = tool_runs(lab, args.methods)
+        b1, t1 = delivered_bytes(lab), time.monotonic()
+        ours = sum(r.data.get("probe_bytes", 0) for r in runs)
+        ours += sum(len(t["sent_ns"]) * t["size_bytes"] for d in docs for t in d["trains"])
+        cross_bps = max(0.0, (b1 - b0 - ours) * 8 / (t1 - t0))
+        ip = asyncio.run(iperf3.run(iperf3.Spec(duration_s=args.iperf3_s), ctx))
+    truth = rate_mbit * 1e6 - cross_bps
+    ok = [r for r in runs if r.succeeded]
+    errors = [abs(r.data["available_bps"] - truth) / truth for r in ok]
+    trains = [tool.trains_from_doc(d) for d in docs]
+    busy = [tool.estimate(t).available_bps for t in trains]
+    spruce = [tool.spruce_bps(t) for t in trains]
+    noise_us: list[float] = []
+    if share == 0:
+        for r in trains:
+            delays = tool.one_way_delays_ns(r[1])
+            noise_us += [(d - min(delays)) / 1000 for d in delays]
+    abw_bytes = statistics.fmean(r.data["probe_bytes"] for r in ok) if ok else None
+    ip_bytes = ip.data.get("bytes_sent") if ip.succeeded else None
+    return {
+        "capacity_mbit": rate_mbit,
+        "cross_configured_mbit": rate_mbit * share,
+        "cross_measured_mbit": round(cross_bps / 1e6, 2),
+        "available_truth_mbit": round(truth / 1e6, 2),
+        "abw": {
+            "estimates_mbit": [round(r.data["available_bps"] / 1e6, 2) for r in ok],
+            "capacity_mbit": [round(r.data["capacity_bps"] / 1e6, 2) for r in ok],
+            "failed": [r.error for r in runs if not r.succeeded],
+            **(error_summary(errors) if errors else {}),
+            "bytes_per_estimate": abw_bytes,
+            "seconds_per_estimate": round(statistics.median(r.data["estimate_s"] for r in ok), 3)
+            if ok
+            else None,
+        },
+        "methods_same_runs": {
+            "busy_fraction": error_summary(
+                [abs((v or 0) - truth) / truth for v in busy] or [math.nan]
+            ),
+            "spruce": error_summary([abs((v or 0) - truth) / truth for v in spruce] or [math.nan]),
+        },
+        "lab_noise_us": (
+            {
+                "p50": round(pct(noise_us, 0.5), 1),
+                "p90": round(pct(noise_us, 0.9), 1),
+                "p99": round(pct(noise_us, 0.99), 1),
+            }
+            if noise_us
+            else None
+        ),
+        "iperf3": {
+            "throughput_mbit": round(ip.data["throughput_bps"] / 1e6, 2) if ip.succeeded else None,
+            "bytes": ip_bytes,
+            "seconds": ip.duration_s,
+            "error": ip.error,
+        },
+        "cost_ratio_bytes": round(ip_bytes / abw_bytes, 1) if ip_bytes and abw_bytes else None,
+    }
+
+
+def twenty_targets(count: int) -> dict[str, Any]:
+    """``count`` targets behind their own 100 Mbit/s links off one router, receivers already
+    listening (plain endpoints), estimated concurrently."""
+    targets = [f"t{i:02d}" for i in range(count)]
+    topo = {
+        "lab": {"name": "abwm"},
+        "hosts": [{"name": "mon", "role": "monitor"}, {"name": "r", "role": "router"}]
+        + [{"name": t, "role": "target"} for t in targets],
+        "links": [{"a": "mon", "b": "r", "delay_ms": 1.0}]
+        + [{"a": "r", "b": t, "delay_ms": 5.0, "rate_mbit": 100} for t in targets],
+    }
+    with Lab.up(topo, name=f"abwm{os.getpid()}") as lab:
+        lab.wait_reachable("mon")
+        receivers = [receiver(lab, t, lab.run_dir / f"rx-{t}.log") for t in targets]
+
+        async def all_of_them() -> list[Any]:
+            runs = [
+                abw.run(abw.Spec(), ProbeContext(t, lab.address(t), netns=lab.netns("mon")))
+                for t in targets
+            ]
+            return await asyncio.gather(*runs)
+
+        t0 = time.monotonic()
+        results = asyncio.run(all_of_them())
+        wall_s = time.monotonic() - t0
+        for rx in receivers:
+            lab.stop(rx)
+    ok = [r for r in results if r.succeeded]
+    return {
+        "targets": count,
+        "wall_s": round(wall_s, 2),
+        "goal_s": 10.0,
+        "succeeded": len(ok),
+        "errors": [r.error for r in results if not r.succeeded][:3],
+        "median_error_vs_100_mbit": round(
+            statistics.median(abs(r.data["available_bps"] - 100e6) / 100e6 for r in ok), 4
+        )
+        if ok
+        else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--paths", default=PATHS, help="C:share,… (Mbit/s : cross share)")
+    parser.add_argument("--estimates", type=int, default=8)
+    parser.add_argument("--methods", type=int, default=6, help="tool runs with Spruce's trains")
+    parser.add_argument("--iperf3-s", type=int, default=5)
+    parser.add_argument("--targets", type=int, default=20)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    paths = []
+    for i, item in enumerate(args.paths.split(",")):
+        rate, share = item.split(":")
+        paths.append(bench_path(float(rate), float(share), i, args))
+    errors = [
+        abs(e - p["available_truth_mbit"]) / p["available_truth_mbit"]
+        for p in paths
+        for e in p["abw"]["estimates_mbit"]
+    ]
+    ratios = [p["cost_ratio_bytes"] for p in paths if p["cost_ratio_bytes"]]
+    report = {
+        "figure": "abw pooled median relative error against the lab's truth",
+        **error_summary(errors),
+        "baseline": "iperf3 bytes per test on the same paths (median)",
+        "baseline_bytes": statistics.median(
+            p["iperf3"]["bytes"] for p in paths if p["iperf3"]["bytes"]
+        ),
+        "ratio": "iperf3 bytes / abw bytes per estimate (median over paths)",
+        "cost_ratio_bytes": statistics.median(ratios) if ratios else None,
+        "paths": paths,
+        "concurrent": twenty_targets(args.targets),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        main()

@@ -1,0 +1,543 @@
+"""The packet-train tool of the ``abw`` probe: a receiver the agent leases, a sender the monitor
+runs, their wire format, and the dispersion maths both sides share.
+
+``python iepm/abwtool.py receive --port P [--bind A] --duration-s S --max-bytes B`` is the
+one-shot server of the agent's ``abw`` kind: it stamps every probe datagram with the kernel's
+receive time (SO_TIMESTAMPNS, read from recvmsg's ancillary data, so the receiver's own
+scheduling does not blur the spacing), answers each train's query with the stamps, and exits on
+the sender's goodbye, at its deadline, or (exit 3) when more than its byte budget arrives.
+
+``python iepm/abwtool.py send HOST PORT [options]`` sends the trains (see :func:`send`) and
+prints one JSON document with every send and receive time: the probe's raw output, from which
+``parse()`` recomputes the estimate (:func:`estimate`) without the network.
+
+Wire (all big-endian; a datagram's payload, padded with zeros to the probe size):
+    probe   b"IEAP" session:u32 train:u16 seq:u16 count:u16
+    query   b"IEAQ" session:u32 offset:u16       (the stamps from the offset-th on)
+    report  b"IEAR" session:u32 offset:u16 n:u16 total:u16, then n × (train:u16 seq:u16
+            recv_ns:u64) in arrival order
+    bye     b"IEAB" session:u32
+
+Standard library only: the agent runs this file by path (no iepm on its path needed), and the
+probe imports it for the maths (probes may not import iepm.remote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import select
+import socket
+import statistics
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERSION = "iepm-abw 1"
+PROBE = struct.Struct("!4sIHHH")
+QUERY = struct.Struct("!4sIH")
+REPORT = struct.Struct("!4sIHHH")
+ENTRY = struct.Struct("!HHQ")
+BYE = struct.Struct("!4sI")
+MAGIC_PROBE, MAGIC_QUERY, MAGIC_REPORT, MAGIC_BYE = b"IEAP", b"IEAQ", b"IEAR", b"IEAB"
+# Linux values (asm-generic/socket.h); Python's socket module does not name them.
+SO_TIMESTAMPNS = 35
+SCM_TIMESTAMPNS = SO_TIMESTAMPNS
+TIMESPEC = struct.Struct("@qq")
+IP_UDP_HEADER_BYTES = 28
+MIN_SIZE_BYTES = IP_UDP_HEADER_BYTES + PROBE.size
+MAX_SIZE_BYTES = 1500
+# A report must fit one datagram without IP fragments on a 1500-byte path: this many stamps.
+MAX_REPORT_ENTRIES = (1472 - REPORT.size) // ENTRY.size
+# Stamps kept per session (the sender's byte budget keeps it far lower).
+MAX_SESSION_STAMPS = 2048
+# A send gap this many times the one asked means the sender was descheduled (see cross_bps).
+STALL = 1.5
+# A probe found the link busy when it waited longer than this share of a full-size packet's
+# time at the bottleneck (a shorter wait is the tail of a packet, not telling) and than the
+# timing noise (measured in the lab; README "Available bandwidth").
+BUSY_PACKET_SHARE = 0.1
+MTU_BYTES = 1500
+NOISE_FLOOR_NS = 120_000
+MIN_PROBES = 20
+READY = b"iepm abw receiver listening on"
+
+
+# --- receiver ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    peer: str
+    stamps: list[tuple[int, int, int]] = field(default_factory=list)  # (train, seq, ns)
+
+
+def _kernel_stamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            sec, nsec = TIMESPEC.unpack_from(data)
+            return int(sec) * 1_000_000_000 + int(nsec)
+    return None
+
+
+def report(sid: int, offset: int, stamps: Sequence[tuple[int, int, int]]) -> bytes:
+    """The reply to a query: up to :data:`MAX_REPORT_ENTRIES` stamps from ``offset`` on."""
+    entries = stamps[offset : offset + MAX_REPORT_ENTRIES]
+    head = REPORT.pack(MAGIC_REPORT, sid, offset, len(entries), len(stamps))
+    return head + b"".join(ENTRY.pack(*e) for e in entries)
+
+
+def receive(
+    port: int, bind: str | None, duration_s: float, max_bytes: int, out: Any = sys.stdout
+) -> int:
+    """Serve one monitor's trains until its goodbye or ``duration_s``; the exit status (3: more
+    probe bytes arrived than ``max_bytes``)."""
+    family = socket.AF_INET6 if bind is not None and ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.bind((bind or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
+    except OSError as exc:
+        print(f"cannot bind port {port}: {exc.strerror} (address in use?)", file=out, flush=True)
+        sock.close()
+        return 1
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    # A whole train may arrive before this process is scheduled: hold it in the socket.
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
+    print(f"{READY.decode()} port {port}", file=out, flush=True)
+    deadline = time.monotonic() + duration_s
+    sessions: dict[int, _Session] = {}
+    received_bytes = 0
+    user_stamps = 0
+    with sock:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([sock], [], [], left)[0]:
+                continue
+            data, ancdata, _, peer = sock.recvmsg(65535, socket.CMSG_SPACE(TIMESPEC.size))
+            stamp = _kernel_stamp_ns(ancdata)
+            if stamp is None:  # not seen on Linux; counted so that the log says so
+                stamp = time.time_ns()
+                user_stamps += 1
+            magic = data[:4]
+            if magic == MAGIC_PROBE and len(data) >= PROBE.size:
+                _, sid, train, seq, _count = PROBE.unpack_from(data)
+                received_bytes += len(data) + IP_UDP_HEADER_BYTES
+                if received_bytes > max_bytes:
+                    print(
+                        f"cut: {received_bytes} probe bytes exceed the {max_bytes} granted",
+                        file=out,
+                        flush=True,
+                    )
+                    return 3
+                session = sessions.setdefault(sid, _Session(peer[0]))
+                if session.peer == peer[0] and len(session.stamps) < MAX_SESSION_STAMPS:
+                    session.stamps.append((train, seq, stamp))
+            elif magic == MAGIC_QUERY and len(data) >= QUERY.size:
+                _, sid, offset = QUERY.unpack_from(data)
+                session = sessions.get(sid)
+                # Only the sender of the probes gets their stamps: no reflection to others.
+                if session is None or session.peer != peer[0]:
+                    continue
+                # Every page from the offset on, back to back: one round trip for the lot.
+                with contextlib.suppress(OSError):
+                    for start in range(
+                        offset, max(offset + 1, len(session.stamps)), MAX_REPORT_ENTRIES
+                    ):
+                        sock.sendto(report(sid, start, session.stamps), peer)
+                print(f"query from stamp {offset}: {received_bytes} bytes so far", file=out)
+            elif magic == MAGIC_BYE and len(data) >= BYE.size:
+                _, sid = BYE.unpack_from(data)
+                session = sessions.get(sid)
+                if session is not None and session.peer == peer[0]:
+                    clock = f"{user_stamps} user-space stamps" if user_stamps else "kernel stamps"
+                    print(f"done: {received_bytes} bytes, {clock}", file=out, flush=True)
+                    return 0
+    print(f"deadline: {received_bytes} bytes received", file=out, flush=True)
+    return 0
+
+
+# --- maths -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Train:
+    """One train as sent and received: times in ns (the sender's clock for ``sent_ns``, the
+    receiver's kernel clock for ``received``; only differences within one side are used)."""
+
+    size_bytes: int
+    rate_bps: float | None  # asked for; None: back to back
+    sent_ns: list[int]
+    received: list[tuple[int, int]]  # (seq, receive ns)
+
+    def bits(self) -> int:
+        return self.size_bytes * 8
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """(send gap, receive gap) in ns of consecutive packets that both arrived."""
+        by_seq = dict(self.received)
+        sent = self.sent_ns
+        return [
+            (sent[s + 1] - sent[s], by_seq[s + 1] - by_seq[s])
+            for s in range(len(sent) - 1)
+            if s in by_seq and s + 1 in by_seq
+        ]
+
+
+def capacity_bps(train: Train) -> float | None:
+    """Bottleneck capacity from a back-to-back train: the spacing the bottleneck leaves when
+    no cross packet slips in. Spacings over two gaps (a receiver that takes two packets in one
+    wake-up stamps them close, and the next one late: the pair's sum holds), of the pairs the
+    bottleneck queued: sent in under half the time they took to leave (a sender descheduled
+    within its train spaced those itself), else, when too few were (a sender barely faster than
+    the link), sent faster than they left. Their median: cross traffic widens some, timing
+    noise spreads them both ways."""
+    by_seq = dict(train.received)
+    sent = train.sent_ns
+    pairs = [
+        (sent[s + 2] - sent[s], by_seq[s + 2] - by_seq[s])
+        for s in range(len(sent) - 2)
+        if s in by_seq and s + 1 in by_seq and s + 2 in by_seq
+    ]
+    for slack in (2, 1):
+        spacings = [g_out / 2 for g_in, g_out in pairs if 0 < slack * g_in < g_out]
+        if len(spacings) >= 3:
+            return train.bits() / (statistics.median(spacings) * 1e-9)
+    return None
+
+
+def cross_bps(train: Train, capacity: float, stall: float = STALL) -> float | None:
+    """Cross traffic seen by a train sent at (about) the capacity (Spruce): the link is busy
+    with the first packet for the whole send gap, so a receive gap is the packet's own time
+    plus the cross traffic that came in between, g_out = (S + X·g_in)/C, and over the gaps kept
+    X = (C·Σg_out − n·S)/Σg_in. A gap where the sender was descheduled (g_in over ``stall`` ×
+    S/C) is left out: the link may have idled in it. None when fewer than 2 gaps remain."""
+    nominal_ns = train.bits() / capacity * 1e9
+    kept = [(g_in, g_out) for g_in, g_out in train.gaps() if 0 < g_in <= stall * nominal_ns]
+    if len(kept) < 2:
+        return None
+    sum_in_s = sum(g for g, _ in kept) * 1e-9
+    sum_out_s = sum(g for _, g in kept) * 1e-9
+    return max(0.0, (capacity * sum_out_s - len(kept) * train.bits()) / sum_in_s)
+
+
+def one_way_delays_ns(train: Train, after_ns: int | None = None) -> list[int]:
+    """Receive minus send time of each packet that arrived (an unknown clock offset included),
+    of those sent after ``after_ns`` (sender's clock) if given."""
+    return [
+        ns - train.sent_ns[seq]
+        for seq, ns in train.received
+        if 0 <= seq < len(train.sent_ns) and (after_ns is None or train.sent_ns[seq] > after_ns)
+    ]
+
+
+def drained_ns(train: Train, capacity: float) -> int:
+    """When (sender's clock) the back-to-back train has surely left the bottleneck: probes sent
+    before would wait behind it and count its own load as the path's (twice its time)."""
+    return train.sent_ns[0] + int(2 * len(train.sent_ns) * train.bits() / capacity * 1e9)
+
+
+def busy_fraction(
+    train: Train, capacity: float, noise_floor_ns: float = NOISE_FLOOR_NS, after_ns: int = 0
+) -> tuple[float, int] | None:
+    """Share of the probes that found the bottleneck busy, and how many probes count. A probe
+    waited when its one-way delay exceeds the path's least (an empty queue) by more than
+    :data:`BUSY_PACKET_SHARE` of a full-size packet's time at the bottleneck and the timing
+    noise floor :data:`NOISE_FLOOR_NS`. Sent at Poisson moments, the probes see the link's
+    time average (PASTA): the busy share is its utilisation."""
+    delays = one_way_delays_ns(train, after_ns)
+    if len(delays) < MIN_PROBES:
+        return None
+    floor = min(delays)
+    packet_ns = MTU_BYTES * 8 / capacity * 1e9
+    threshold = max(noise_floor_ns, BUSY_PACKET_SHARE * packet_ns)
+    waits = [d - floor for d in delays]
+    busy = sum(1 for w in waits if w > threshold)
+    if BUSY_PACKET_SHARE * packet_ns < noise_floor_ns:
+        # Waits under the threshold are lost in the noise; the wait of a probe that meets a
+        # packet in service is uniform over that packet's time, so the band just above the
+        # threshold tells how many fell below it.
+        busy += sum(1 for w in waits if threshold < w <= 2 * threshold)
+    return min(1.0, busy / len(delays)), len(delays)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    available_bps: float | None
+    capacity_bps: float | None
+    # 0..1: 1 − the estimate's relative standard error (binomial, over the probes).
+    quality: float
+    probes_used: int
+    error: str | None = None
+
+
+def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) -> Estimate:
+    """Available bandwidth from a run: the capacity C from the back-to-back train (train 0),
+    the utilisation u from the delays of the probes (train 1) sent once that train had left
+    the bottleneck, A = C·(1 − u)."""
+    if not trains:
+        return Estimate(None, None, 0.0, 0, "no train was sent")
+    capacity = capacity_bps(trains[0])
+    if capacity is None:
+        got = len(trains[0].received)
+        return Estimate(None, None, 0.0, 0, f"the capacity train came back with {got} packets")
+    busy = (
+        busy_fraction(trains[1], capacity, noise_floor_ns, drained_ns(trains[0], capacity))
+        if len(trains) > 1
+        else None
+    )
+    if busy is None:
+        return Estimate(None, capacity, 0.0, 0, f"fewer than {MIN_PROBES} probes came back")
+    share, count = busy
+    available = capacity * (1.0 - share)
+    if available <= 0:
+        return Estimate(0.0, capacity, 0.0, count)
+    sem = capacity * math.sqrt(max(share * (1 - share), 1.0 / count) / count)
+    return Estimate(available, capacity, round(max(0.0, 1.0 - sem / available), 3), count)
+
+
+def spruce_bps(trains: Sequence[Train]) -> float | None:
+    """Spruce's estimate from trains 2…: C minus the mean cross traffic they saw."""
+    capacity = capacity_bps(trains[0]) if trains else None
+    if capacity is None:
+        return None
+    cross = [x for t in trains[2:] if (x := cross_bps(t, capacity)) is not None]
+    return min(capacity, max(0.0, capacity - statistics.fmean(cross))) if cross else None
+
+
+# --- sender ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What one estimate sends: a back-to-back capacity train of ``capacity_packets`` packets
+    of ``size_bytes`` (IP), then ``probes`` single packets of ``probe_size_bytes`` at random
+    (Poisson) moments over about ``spread_s``; with ``trains`` > 0 also that many Spruce trains
+    of ``train_packets`` at the capacity found (the method this one was chosen over)."""
+
+    size_bytes: int = 1500
+    capacity_packets: int = 16
+    probes: int = 400
+    probe_size_bytes: int = 64
+    spread_s: float = 0.5
+    trains: int = 0
+    train_packets: int = 5
+    reply_timeout_s: float = 0.3
+    tries: int = 3
+
+    def total_bytes(self) -> int:
+        return (
+            self.size_bytes * (self.capacity_packets + self.trains * self.train_packets)
+            + self.probe_size_bytes * self.probes
+        )
+
+
+def _pace_until(t_ns: int) -> None:
+    # Sleep while far away, spin the last stretch: sleep() wakes tens of µs late.
+    while (left := t_ns - time.perf_counter_ns()) > 300_000:
+        time.sleep((left - 200_000) * 1e-9)
+    while time.perf_counter_ns() < t_ns:
+        pass
+
+
+def _send_train(
+    sock: socket.socket, sid: int, index: int, count: int, size: int, rate_bps: float | None
+) -> list[int]:
+    pad = b"\0" * (size - IP_UDP_HEADER_BYTES - PROBE.size)
+    gap_ns = 0 if not rate_bps else int(size * 8 / rate_bps * 1e9)
+    sent: list[int] = []
+    due = time.perf_counter_ns()
+    for seq in range(count):
+        if gap_ns:
+            now = time.perf_counter_ns()
+            if now > due + gap_ns:
+                # Descheduled for more than a gap: go on from now rather than catch up with a
+                # burst faster than the rate asked (the stall shows in the send times).
+                due = now
+            _pace_until(due)
+            due += gap_ns
+        # Stamped as the send starts: the kernel queues the packet within the call.
+        sent.append(time.perf_counter_ns())
+        sock.send(PROBE.pack(MAGIC_PROBE, sid, index, seq, count) + pad)
+    return sent
+
+
+def _query(
+    sock: socket.socket, sid: int, timeout_s: float, tries: int
+) -> list[tuple[int, int, int]] | None:
+    """Every stamp the receiver holds for the session: it sends all pages from the offset
+    asked for; a page lost is asked for again (up to ``tries`` queries, ``timeout_s`` each).
+    None if it never answers."""
+    pages: dict[int, list[tuple[int, int, int]]] = {}
+    total: int | None = None
+    for _ in range(tries):
+        have = _contiguous(pages)
+        sock.send(QUERY.pack(MAGIC_QUERY, sid, len(have)))
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([sock], [], [], left)[0]:
+                break
+            try:
+                data = sock.recv(65535)
+            except ConnectionRefusedError:  # ICMP port unreachable: nobody listens
+                return None
+            if len(data) < REPORT.size:
+                continue
+            magic, rsid, offset, n, total = REPORT.unpack_from(data)
+            if magic != MAGIC_REPORT or rsid != sid:
+                continue
+            body = data[REPORT.size : REPORT.size + n * ENTRY.size]
+            count = len(body) // ENTRY.size
+            pages[offset] = [ENTRY.unpack_from(body, i * ENTRY.size) for i in range(count)]
+            if len(_contiguous(pages)) >= total:
+                return _contiguous(pages)[:total]
+    return None if total is None else _contiguous(pages)
+
+
+def _contiguous(pages: dict[int, list[tuple[int, int, int]]]) -> list[tuple[int, int, int]]:
+    """The stamps from 0 up to the first page missing."""
+    out: list[tuple[int, int, int]] = []
+    while len(out) in pages and pages[len(out)]:
+        out += pages[len(out)]
+    return out
+
+
+def _sleep_exp(rng: random.Random, count: int, spread_s: float) -> None:
+    # Exponential gaps: the packets sample the path at random moments (Poisson arrivals see
+    # time averages), never in step with a periodic sender.
+    time.sleep(min(rng.expovariate(count / spread_s), spread_s))
+
+
+def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
+    """Send the plan's packets to a receiver and collect its stamps: the raw document that
+    :func:`trains_from_doc` and :func:`estimate` read. Stops sending at ``deadline_s``."""
+    started = time.monotonic()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sid = int.from_bytes(os.urandom(4), "big")
+    rng = random.Random(sid)
+    problems: list[str] = []
+    trains: list[Train] = []
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 21)
+            sock.connect((host, port))
+            sent = _send_train(sock, sid, 0, plan.capacity_packets, plan.size_bytes, None)
+            trains.append(Train(plan.size_bytes, None, sent, []))
+            if plan.trains:
+                # Spruce needs the capacity before its trains: one round trip more.
+                got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
+                trains[0].received = [(s, t) for i, s, t in got if i == 0]
+                capacity = capacity_bps(trains[0])
+                for index in range(2, 2 + plan.trains if capacity else 0):
+                    if time.monotonic() - started > deadline_s:
+                        break
+                    _sleep_exp(rng, plan.trains, plan.spread_s)
+                    sent = _send_train(
+                        sock, sid, index, plan.train_packets, plan.size_bytes, capacity
+                    )
+                    trains.append(Train(plan.size_bytes, capacity, sent, []))
+            probes = Train(plan.probe_size_bytes, None, [], [])
+            trains.insert(1, probes)
+            pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
+            # Poisson moments on one clock: a late wake-up delays one probe, not all after it.
+            due = time.monotonic()
+            for seq in range(plan.probes):
+                due += rng.expovariate(plan.probes / plan.spread_s)
+                if due - started > deadline_s:
+                    problems.append(f"stopped at the {deadline_s:g} s deadline")
+                    break
+                time.sleep(max(0.0, due - time.monotonic()))
+                probes.sent_ns.append(time.perf_counter_ns())
+                sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
+            got = _query(sock, sid, plan.reply_timeout_s, plan.tries)
+            if got is None:
+                problems.append("no answer from the receiver")
+            # The wire's train numbers: 0 capacity, 1 the probes, 2… Spruce's trains.
+            by_index = dict(enumerate(trains))
+            for t in trains:
+                t.received = []
+            for index, seq, ns in got or []:
+                if index in by_index and seq < len(by_index[index].sent_ns):
+                    by_index[index].received.append((seq, ns))
+            with contextlib.suppress(OSError):
+                sock.send(BYE.pack(MAGIC_BYE, sid))
+    except OSError as exc:
+        # ICMP port unreachable (no receiver) or no route: what was sent so far is reported.
+        problems.append(f"sending to {host} port {port} failed: {exc.strerror or exc}")
+    return {
+        "tool": VERSION,
+        "plan": asdict(plan),
+        "duration_s": round(time.monotonic() - started, 6),
+        "problems": problems,
+        "trains": [asdict(t) for t in trains],
+    }
+
+
+def trains_from_doc(doc: dict[str, Any]) -> list[Train]:
+    """The trains of a :func:`send` document (KeyError/TypeError/ValueError if malformed)."""
+    return [
+        Train(
+            int(t["size_bytes"]),
+            None if t["rate_bps"] is None else float(t["rate_bps"]),
+            [int(x) for x in t["sent_ns"]],
+            [(int(s), int(r)) for s, r in t["received"]],
+        )
+        for t in doc["trains"]
+    ]
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python iepm/abwtool.py")
+    parser.add_argument("--version", action="version", version=VERSION)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rx = sub.add_parser("receive")
+    rx.add_argument("--port", type=int, required=True)
+    rx.add_argument("--bind")
+    rx.add_argument("--duration-s", type=float, default=10.0)
+    rx.add_argument("--max-bytes", type=int, default=100_000)
+    rx.add_argument("--grant", help="JSON file with duration_s and max_bytes (the agent's)")
+    tx = sub.add_parser("send")
+    tx.add_argument("host")
+    tx.add_argument("port", type=int)
+    tx.add_argument("--size-bytes", type=int, default=Plan.size_bytes)
+    tx.add_argument("--capacity-packets", type=int, default=Plan.capacity_packets)
+    tx.add_argument("--trains", type=int, default=Plan.trains)
+    tx.add_argument("--train-packets", type=int, default=Plan.train_packets)
+    tx.add_argument("--spread-s", type=float, default=Plan.spread_s)
+    tx.add_argument("--probes", type=int, default=Plan.probes)
+    tx.add_argument("--probe-size-bytes", type=int, default=Plan.probe_size_bytes)
+    tx.add_argument("--deadline-s", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    if args.command == "receive":
+        duration_s, max_bytes = args.duration_s, args.max_bytes
+        if args.grant:
+            with open(args.grant) as fh:
+                grant = json.load(fh)
+            duration_s, max_bytes = float(grant["duration_s"]), int(grant["max_bytes"])
+        return receive(args.port, args.bind, duration_s, max_bytes)
+    plan = Plan(
+        size_bytes=args.size_bytes,
+        capacity_packets=args.capacity_packets,
+        trains=args.trains,
+        train_packets=args.train_packets,
+        spread_s=args.spread_s,
+        probes=args.probes,
+        probe_size_bytes=args.probe_size_bytes,
+    )
+    doc = send(args.host, args.port, plan, args.deadline_s)
+    print(json.dumps(doc, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
