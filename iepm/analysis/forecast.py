@@ -29,14 +29,20 @@ Better predictors:
   the points in the P90). ``levelrel``: last 100 samples, c = 1 — for noisy paths, where the
   best point lies below the median (relative errors punish over-forecasts more).
 
+- ``mean10``: mean of the last 10 — the smoothest member; on paths whose throughput dips often
+  (uploads from home links) a mean sits below the typical value, where the relative error of the
+  dips (which sets the P90) is smallest.
+
 ``auto`` is the NWS-style ensemble: at every step it uses the member with the lowest recent
-error (exponentially weighted mean of the relative error, decay 0.97, each error capped at 0.5
-so a few near-zero observations cannot decide). Its members are ``median5``, ``levelshift``,
-``levelmode`` and ``levelrel`` (``levelshift`` until they have a record). The ``method`` of
-each forecast names the predictor used. A predictor that cannot forecast yet
-(``lastweek`` without a day of history) falls back to ``median5`` and says so in ``method``.
-Parameters and members were chosen on the tune half of ../shared/data/ndt/ (see
-benchmarks/forecast.py), never on the test half.
+error (exponentially weighted mean of the relative error, each error capped so a few near-zero
+observations cannot decide). Its members (:data:`ENSEMBLE`) include the baselines MA(5) and EWMA
+themselves, so on a path where the level-based predictors lose to them the ensemble falls back to
+them instead of being worse. The ``method`` of each forecast names the predictor used. A predictor
+that cannot forecast yet (``lastweek`` without a day of history) falls back to ``median5`` and
+says so in ``method``. Members, the error cap and the decay (:data:`ENSEMBLE_CONFIG`) are chosen
+by ``benchmarks/forecast.py --folds clients``: leave-clients-out cross-validation on
+../shared/data/ndt/, where each fold chooses among the candidates on its training clients only
+and is scored on the held-out client; the default is that same rule's choice on all clients.
 
 Intervals for everything but the baselines are conformal: empirical quantiles of the method's
 last relative errors (o − f)/|f|, with the miscoverage level adapted online (Gibbs & Candès'
@@ -62,10 +68,39 @@ from iepm.analysis.series import AnalysisError
 FloatArray = npt.NDArray[np.float64]
 
 Z80 = 1.2816  # standard normal 90% quantile: mean ± Z80·sd is a nominal 80% interval
-# The ensemble's members (chosen on the tune half too: Holt and same-time-last-week only added
-# noise to the choice there), and the one it uses until the others have a record.
-ENSEMBLE: tuple[str, ...] = ("median5", "levelshift", "levelmode", "levelrel")
-ENSEMBLE_DEFAULT = "levelshift"
+
+
+@dataclass(frozen=True)
+class EnsembleConfig:
+    """What ``auto`` chooses among and how: its members, the one used until the others have a
+    record, and the selector's error cap, decay and hysteresis margin."""
+
+    members: tuple[str, ...]
+    default: str = "levelshift"
+    decay: float = 0.97
+    cap: float = 0.5
+    margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in (*self.members, self.default) if m not in METHODS or m == "auto"]
+        if unknown:
+            raise AnalysisError(f"ensemble member {unknown[0]!r} is not a predictor")
+        if self.default not in self.members:
+            raise AnalysisError(f"ensemble default {self.default!r} is not one of its members")
+        if not (0 < self.decay < 1 and self.cap > 0 and 0 <= self.margin < 1):
+            raise AnalysisError("ensemble decay must be in (0, 1), cap > 0, margin in [0, 1)")
+
+
+# The level-based predictors (Holt and same-time-last-week only added noise to the choice).
+LEVEL_MEMBERS: tuple[str, ...] = ("median5", "levelshift", "levelmode", "levelrel")
+# Chosen by benchmarks/forecast.py --folds clients (minimax over training clients' paths); the
+# ensemble as it was before (LEVEL_MEMBERS alone, cap 0.5) is among the candidates it rejects:
+# on the client whose uploads dip often it was worse than MA(5) on P90 and on the raw mean.
+ENSEMBLE_CONFIG = EnsembleConfig(
+    members=(*LEVEL_MEMBERS, "ma5", "ewma", "mean10"), decay=0.97, cap=3.0
+)
+ENSEMBLE: tuple[str, ...] = ENSEMBLE_CONFIG.members
+ENSEMBLE_DEFAULT = ENSEMBLE_CONFIG.default
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -74,7 +109,11 @@ DAY = 86400.0
 # a shift must be 7 robust standard deviations and 20% of the level, for 3 samples in a row.
 LEVEL_SHIFT_DETECTOR: dict[str, float] = {"threshold": 7.0, "confirm": 3, "min_relative": 0.2}
 # No hysteresis (margin 0): with it, whichever member came first stayed in use too long.
-SELECTOR: dict[str, float] = {"decay": 0.97, "cap": 0.5, "margin": 0.0}
+SELECTOR: dict[str, float] = {
+    "decay": ENSEMBLE_CONFIG.decay,
+    "cap": ENSEMBLE_CONFIG.cap,
+    "margin": ENSEMBLE_CONFIG.margin,
+}
 # Samples of the current level kept for the level-based predictors (the longest window they use).
 LEVEL_HISTORY = 100
 
@@ -135,6 +174,13 @@ class Ewma(_Predictor):
     def update(self, t: float, y: float) -> None:
         super().update(t, y)
         self.level = y if self.level is None else self.w * self.level + (1 - self.w) * y
+
+
+class MeanK(MovingAverage):
+    name = "mean10"
+
+    def __init__(self, k: int = 10) -> None:
+        super().__init__(k)
 
 
 class MedianK(_Predictor):
@@ -287,6 +333,7 @@ def _make_predictors() -> list[_Predictor]:
     return [
         MovingAverage(),
         Ewma(),
+        MeanK(),
         MedianK(),
         Holt(),
         LevelShift(segment),
@@ -404,12 +451,12 @@ def _check(
     return ta, ya
 
 
-def _needed_predictors(methods: Sequence[str]) -> set[str]:
+def _needed_predictors(methods: Sequence[str], members: Sequence[str] = ENSEMBLE) -> set[str]:
     """The predictors that ``methods`` read: median5 is every method's fallback, ``auto`` reads
     the ensemble, and levelshift feeds the level segment the level-based predictors share."""
     needed = {"median5", "levelshift", *(m for m in methods if m != "auto")}
     if "auto" in methods:
-        needed.update(ENSEMBLE)
+        needed.update(members)
     return needed
 
 
@@ -420,11 +467,13 @@ def walk_forward_all(
     start: int = START,
     coverage: float = 0.8,
     methods: Sequence[str] = METHODS,
+    ensemble: EnsembleConfig = ENSEMBLE_CONFIG,
 ) -> dict[str, list[Forecast]]:
     """Walk-forward one-step-ahead forecasts of ``methods`` (default: all), from index ``start``.
 
     Every method forecasts the same indices, so their errors compare point for point. A method's
     forecasts do not depend on which others are asked for; asking for fewer is only faster.
+    ``ensemble`` configures ``auto`` (cross-validation tries candidates through it).
     """
     ta, ya = _check(t, y)
     if coverage <= 0 or coverage >= 1:
@@ -437,11 +486,12 @@ def walk_forward_all(
     top = float(np.max(np.abs(ya))) if ya.size else 0.0
     unit = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0
     yn = ya / unit
-    needed = _needed_predictors(methods)
+    members = ensemble.members
+    needed = _needed_predictors(methods, members)
     preds = [p for p in _make_predictors() if p.name in needed]
     names = [name for name in methods if name != "auto"]
     bands = {n: ConformalBand(coverage) for n in methods if n not in BASELINES}
-    selector = _Selector(ENSEMBLE, **SELECTOR)
+    selector = _Selector(members, decay=ensemble.decay, cap=ensemble.cap, margin=ensemble.margin)
     z = Z80 if math.isclose(coverage, 0.8) else _normal_quantile(0.5 + coverage / 2)
     out: dict[str, list[Forecast]] = {n: [] for n in methods}
     for i in range(ya.size):
@@ -467,13 +517,13 @@ def walk_forward_all(
                     bands[name].update(f, obs, floor, lo <= obs <= hi)
                 out[name].append(Forecast(i, float(ta[i]), obs, f, lo, hi, method))
             if "auto" in bands:
-                choice = selector.choose({n: fc[n] for n in ENSEMBLE}, ENSEMBLE_DEFAULT)
+                choice = selector.choose({n: fc[n] for n in members}, ensemble.default)
                 f_auto = fc[choice]
                 assert f_auto is not None
                 lo, hi = bands["auto"].interval(f_auto, floor, sd)
                 bands["auto"].update(f_auto, obs, floor, lo <= obs <= hi)
                 out["auto"].append(Forecast(i, float(ta[i]), obs, f_auto, lo, hi, choice))
-                selector.update({n: fc[n] for n in ENSEMBLE}, obs, floor)
+                selector.update({n: fc[n] for n in members}, obs, floor)
         for p in preds:
             p.update(float(ta[i]), obs)
     return {name: [_rescale(fc, unit) for fc in fcs] for name, fcs in out.items()}
@@ -482,7 +532,7 @@ def walk_forward_all(
 def _rescale(f: Forecast, unit: float) -> Forecast:
     # Bounds of a wild series may leave the float range: they saturate at the largest float.
     big = sys.float_info.max
-    fc = f.forecast * unit
+    fc = min(max(f.forecast * unit, -big), big)  # Holt's trend can extrapolate past it too
     lower = max(min(f.lower * unit, fc), -big)
     upper = min(max(f.upper * unit, fc), big)
     return Forecast(f.index, f.t, f.observed * unit, fc, lower, upper, f.method)
