@@ -16,8 +16,8 @@ from iepm import __version__
 from iepm.analysis.statistics import aggregate
 from iepm.probes import PROBES, all_metrics
 from iepm.results import Outcome, Purpose, Result, format_time
-from iepm.web.context import UNKNOWN, Since, Until, WebContext, now_of, utc, web
 from iepm.web import predict_api
+from iepm.web.context import UNKNOWN, Since, Until, WebContext, now_of, utc, web
 from iepm.web.queries import Queries
 from iepm.web.tables import HISTORY, YEAR
 
