@@ -44,9 +44,13 @@ TABLE_METHODS = ("ma5", "ewma", "auto")
 THROUGHPUT = "iperf3.throughput_bps"
 
 
-def find_metric(metric: str, probe: str | None = None) -> Metric:
+def find_metric(
+    metric: str, probe: str | None = None, measured: Sequence[str] | None = None
+) -> Metric:
     """A registered metric by name (``iperf3.throughput_bps``) or by key with its probe
-    (``throughput_bps`` and ``iperf3``); AnalysisError naming the known ones otherwise."""
+    (``throughput_bps`` and ``iperf3``); a key several probes have is the one of the probes
+    ``measured`` (those with results on the path) when that leaves one. AnalysisError naming
+    the known ones otherwise."""
     known = all_metrics()
     if "." in metric:
         found = known.get(metric)
@@ -54,6 +58,8 @@ def find_metric(metric: str, probe: str | None = None) -> Metric:
             raise AnalysisError(f"metric {metric!r} is not of probe {probe!r}")
     else:
         keyed = [m for m in known.values() if m.key == metric and probe in (None, m.probe)]
+        if len(keyed) > 1 and measured is not None:
+            keyed = [m for m in keyed if m.probe in measured] or keyed
         if len(keyed) > 1:
             probes = ", ".join(m.probe for m in keyed)
             raise AnalysisError(f"metric {metric!r} is measured by {probes}: name the probe")
@@ -79,6 +85,13 @@ class PathSeries:
         return int(self.y.size)
 
 
+def measured_probes(archive: Archive, target: str) -> list[str]:
+    """Probes with routine results for ``target``."""
+    query = select(RESULTS.c.probe).where(*result_conditions(target=target)).distinct()
+    with archive.reading(f"cannot read the probes of {target}") as conn:
+        return [row[0] for row in conn.execute(query)]
+
+
 def path_monitors(archive: Archive, target: str, probe: str) -> list[str]:
     """Monitors with routine results of ``probe`` for ``target``, most results first."""
     query = (
@@ -99,10 +112,12 @@ def read_path(
     monitor: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    limit: int | None = MAX_SAMPLES,
 ) -> PathSeries:
-    """The samples of ``metric`` on the path: successful routine runs (and failed ones whose
-    value still counts, a ping with no reply); never a study's runs. ``monitor`` None: the one
-    with most results for the target (a path has one monitor; series never mix them)."""
+    """The latest ``limit`` samples (None: all) of ``metric`` on the path: successful routine
+    runs (and failed ones whose value still counts, a ping with no reply); never a study's
+    runs. ``monitor`` None: the one with most results for the target (a path has one monitor;
+    series never mix them)."""
     if monitor is None:
         monitors = path_monitors(archive, target, metric.probe)
         if not monitors:
@@ -118,7 +133,7 @@ def read_path(
         select(RESULTS.c.started_at, value)
         .where(*conditions, value.is_not(None))
         .order_by(RESULTS.c.started_at.desc(), RESULTS.c.id.desc())
-        .limit(MAX_SAMPLES)
+        .limit(limit)
     )
     with archive.reading(f"cannot read {metric.name} of {target}") as conn:
         rows = list(conn.execute(query))[::-1]
@@ -189,15 +204,22 @@ def predict(s: PathSeries, now: float, horizon_s: float) -> Prediction:
             f"only {len(s)} sample(s) of {s.metric.name} on {s.monitor} → {s.target}; "
             f"at least {START + 1} are needed to forecast"
         )
-    t, y = _increasing(s.t, s.y)
-    walk = walk_forward_all(t, y, coverage=COVERAGE, methods=("auto",))["auto"]
+    t, y = increasing(s.t, s.y)
     at_now = max(now, float(t[-1]))
-    current = forecast_next(t, y, at_now, coverage=COVERAGE)
-    ahead = forecast_next(t, y, at_now + horizon_s, coverage=COVERAGE)
+    # One walk gives the history's forecasts and, from a dummy step at ``at_now`` (as
+    # forecast_next does it), the next one: the dummy's value is never seen by a forecast.
+    walk = walk_forward_all(
+        np.append(t, at_now), np.append(y, y[-1]), coverage=COVERAGE, methods=("auto",)
+    )["auto"]
+    f = walk.pop()
+    current = Forecast(f.index, f.t, math.nan, f.forecast, f.lower, f.upper, f.method)
+    ahead = current
+    if horizon_s > 0:
+        ahead = forecast_next(t, y, at_now + horizon_s, coverage=COVERAGE)
     return Prediction(s, horizon_s, current, ahead, summarise(walk[-RECENT:]), walk)
 
 
-def _increasing(t: FloatArray, y: FloatArray) -> tuple[FloatArray, FloatArray]:
+def increasing(t: FloatArray, y: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Keep the first of samples that share a time (the analyses need time to move on)."""
     if t.size < 2:
         return t, y
@@ -262,7 +284,7 @@ def error_table(
             s = read_path(
                 archive, target=target, metric=metric, monitor=monitor, since=start, until=until
             )
-            t, y = _increasing(s.t, s.y)
+            t, y = increasing(s.t, s.y)
             if t.size < START + 1:
                 continue
             walks = walk_forward_all(t, y, coverage=COVERAGE, methods=TABLE_METHODS)

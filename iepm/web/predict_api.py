@@ -143,9 +143,14 @@ def horizon_seconds(text: str) -> float:
     return float(seconds)
 
 
-def metric_of(metric: str, probe: Any) -> Metric:
+def metric_of(metric: str, probe: Any, w: WebContext | None = None, target: str = "") -> Metric:
+    """The metric asked for (a key several probes share: the one measured on ``target``)."""
+    measured = None
+    if w is not None and "." not in metric:
+        w.known_target(target)
+        measured = predict.measured_probes(w.queries.archive, target)
     try:
-        return predict.find_metric(metric, probe.value if probe is not None else None)
+        return predict.find_metric(metric, probe.value if probe is not None else None, measured)
     except AnalysisError as exc:
         raise HTTPException(422, f"query.metric: {exc}") from None
 
@@ -205,7 +210,7 @@ def routes(api: APIRouter, probe_name: type[StrEnum]) -> None:
         latest runs. Made from the routine results (never a study's) in [since, until)
         (default: the 28 days before until, or now). 404: unknown target or monitor, or too
         few measurements; 422: an unknown metric or a bad horizon."""
-        m = metric_of(metric, probe)
+        m = metric_of(metric, probe, w, target)
         seconds = horizon_seconds(horizon)
         end = now_of(until)
         s = _series(w, target, m, monitor, since, end)
@@ -244,7 +249,7 @@ def routes(api: APIRouter, probe_name: type[StrEnum]) -> None:
         """A path's diurnal model |a|·sin(x + b) + c over the time of day, weekdays and
         weekends apart, with δb (the phase's standard error) and the diurnal flag, from the
         routine results in [since, until) (default: the 28 days before until, or now)."""
-        m = metric_of(metric, probe)
+        m = metric_of(metric, probe, w, target)
         end = now_of(until)
         start = utc(since, "since") or end - HISTORY
         s = _series(w, target, m, monitor, start, end)

@@ -77,7 +77,7 @@ def forecast_panel(
             continue
         values = frame.values[metric.key]
         keep = np.isfinite(values) & (frame.ok() | metric.failed_runs)
-        t, y = predict._increasing(frame.t[keep], values[keep])
+        t, y = predict.increasing(frame.t[keep], values[keep])
         if t.size < START + 1:
             continue
         s = predict.PathSeries("", "", metric, t, y)
