@@ -289,7 +289,15 @@ def router() -> APIRouter:
         }
         return HTMLResponse(w.templates.get_template("forecasts.html").render(context))
 
-    @pages.get("/forecasts/tables/{name}", summary="Download a forecast-error table")
+    # Documented as what it answers (CSV or TSV text), not FastAPI's default JSON.
+    table_types = {"text/csv": {}, "text/tab-separated-values": {}}
+
+    @pages.get(
+        "/forecasts/tables/{name}",
+        summary="Download a forecast-error table",
+        response_class=Response,
+        responses={200: {"description": "the table", "content": table_types}},
+    )
     def forecasts_table(
         w: Context,
         name: str,
