@@ -212,26 +212,33 @@ def routes(api: APIRouter, probe_name: type[StrEnum]) -> None:
         few measurements; 422: an unknown metric or a bad horizon."""
         m = metric_of(metric, probe, w, target)
         seconds = horizon_seconds(horizon)
-        end = now_of(until)
-        s = _series(w, target, m, monitor, since, end)
-        try:
-            p = predict.predict(s, end.timestamp(), seconds)
-        except AnalysisError as exc:
-            raise HTTPException(404, str(exc)) from None
-        return ForecastAnswer(
-            target=target,
-            monitor=s.monitor,
-            probe=m.probe,
-            metric=m.name,
-            samples=len(s),
-            last_at=iso(p.last_at),
-            last_value=float(s.y[-1]),
-            horizon_s=seconds,
-            coverage=predict.COVERAGE,
-            now=point(p.now),
-            ahead=point(p.ahead),
-            recent_error=recent(p.recent),
-        )
+        utc(since, "since")
+
+        def compute(end: datetime) -> ForecastAnswer:
+            s = _series(w, target, m, monitor, since, end)
+            try:
+                p = predict.predict(s, end.timestamp(), seconds)
+            except AnalysisError as exc:
+                raise HTTPException(404, str(exc)) from None
+            return ForecastAnswer(
+                target=target,
+                monitor=s.monitor,
+                probe=m.probe,
+                metric=m.name,
+                samples=len(s),
+                last_at=iso(p.last_at),
+                last_value=float(s.y[-1]),
+                horizon_s=seconds,
+                coverage=predict.COVERAGE,
+                now=point(p.now),
+                ahead=point(p.ahead),
+                recent_error=recent(p.recent),
+            )
+
+        # A walk over the path's runs takes ~0.1-1 s; the runs change once per cycle, so an
+        # answer is reused for the app's cache TTL (as the pages are).
+        key = ("api-forecast", target, m.name, monitor, seconds, since)
+        return w.page_data(key, until, compute)  # type: ignore[no-any-return]
 
     @api.get("/diurnal", response_model=DiurnalAnswer, responses=UNKNOWN)
     def api_diurnal(
@@ -292,7 +299,19 @@ def routes(api: APIRouter, probe_name: type[StrEnum]) -> None:
         seconds = horizon_seconds(horizon)
         if not destination:
             raise HTTPException(422, "query.destination: give at least one candidate target")
-        end = now_of(until)
+        key = ("api-advice", tuple(destination), tuple(source or ()), m.name, seconds)
+        return w.page_data(  # type: ignore[no-any-return]
+            key, until, lambda end: advice(w, destination, source, m, seconds, end)
+        )
+
+    def advice(
+        w: WebContext,
+        destination: list[str],
+        source: list[str] | None,
+        m: Metric,
+        seconds: float,
+        end: datetime,
+    ) -> AdviceAnswer:
         archive = w.queries.archive
         pairs: list[tuple[str, str]] = []
         for target in dict.fromkeys(destination):
