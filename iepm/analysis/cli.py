@@ -1,4 +1,5 @@
-"""``iepm forecast``, ``iepm changes``, ``iepm diurnal``: the analyses on any series file;
+"""``iepm forecast``, ``iepm changes``, ``iepm diurnal``: the analyses on any series file
+(an ``iepm export`` table too) or on a path of an archive (``--db URL --target T --metric M``);
 ``iepm alerts``: the step-change alerts the monitor stored.
 
 The main CLI mounts them with :func:`register`. Errors print one line to stderr and exit with
@@ -18,7 +19,7 @@ import typer
 
 from iepm.analysis.methods import METHODS, START
 from iepm.cliglue import guarded, open_archive, parse_moment
-from iepm.errors import AnalysisError
+from iepm.errors import AnalysisError, UsageError
 
 if TYPE_CHECKING:
     from iepm.analysis.series import Series
@@ -27,10 +28,41 @@ if TYPE_CHECKING:
 # imports this module, and most never analyse a series.
 
 CsvOpt = Annotated[
-    Path,
+    Path | None,
     typer.Option(
-        "--csv", help="Series file: rows 'timestamp,value' (header optional).", show_default=False
+        "--csv",
+        help="Series file: rows 'timestamp,value' (header optional), or an `iepm export "
+        "--format csv|tsv` table. Or read the archive instead: --db/--config with --target.",
+        show_default=False,
     ),
+]
+DbOpt = Annotated[str | None, typer.Option("--db", help="Archive URL to read the series from.")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="targets.toml (its archive).")
+]
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", help="The path's target (reading the archive).")
+]
+MetricOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metric",
+        help="Registered metric: key (throughput_bps, rtt_avg_ms) or name "
+        "(iperf3.throughput_bps); default: the first the monitor watches that the target has.",
+    ),
+]
+MonitorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--monitor",
+        help="The path's monitor (default: the one with most results; in a table, the only one).",
+    ),
+]
+SinceOpt = Annotated[
+    str | None, typer.Option("--since", help="Archive: from this UTC date/time (ISO).")
+]
+UntilOpt = Annotated[
+    str | None, typer.Option("--until", help="Archive: before this UTC date/time (ISO).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ColumnOpt = Annotated[
@@ -53,13 +85,100 @@ def _guard(work: Callable[[], T]) -> T:
         raise AnalysisError(f"cannot analyse the series: {exc}") from None
 
 
-def _read(csv: Path, column: str | None, min_rows: int = 2) -> Series:
+class Source:
+    """Where a command's series comes from: a file (``--csv``) or a path of an archive
+    (``--db``/``--config`` with ``--target``, ``--metric``, ``--monitor``, ``--since/--until``)."""
+
+    def __init__(
+        self,
+        csv: Path | None,
+        column: str | None,
+        *,
+        db: str | None = None,
+        config: Path | None = None,
+        target: str | None = None,
+        metric: str | None = None,
+        monitor: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> None:
+        archive = db is not None or config is not None
+        if csv is not None and (archive or target is not None or metric is not None):
+            raise UsageError("give --csv, or --db/--config with --target, not both")
+        if csv is None and not archive:
+            raise UsageError("give the series: --csv FILE, or --db URL (or --config) --target T")
+        if archive and target is None:
+            raise UsageError("--target: which path of the archive? (with --db/--config)")
+        if csv is not None and (since or until):
+            raise UsageError("--since/--until select from an archive; a file is read whole")
+        if archive and column is not None:
+            raise UsageError("--column names a file's column; in an archive use --metric")
+        self.csv, self.column, self.db, self.config = csv, column, db, config
+        self.target, self.metric, self.monitor = target, metric, monitor
+        self.since = parse_moment(since, "--since")
+        self.until = parse_moment(until, "--until")
+
+    def read(self, min_rows: int = 2) -> Series:
+        if self.csv is not None:
+            return _read_file(self.csv, self.column, self.monitor, min_rows)
+        return self._read_archive(min_rows)
+
+    def _read_archive(self, min_rows: int) -> Series:
+        """The routine series of the path, read without creating or changing anything."""
+        from iepm.analysis import predict
+        from iepm.analysis.series import Series
+        from iepm.analysis.watch import alert_rules
+
+        assert self.target is not None
+        with open_archive(self.db, self.config, reading=True) as archive:
+            measured = predict.measured_probes(archive, self.target)
+            if not measured:
+                known = ", ".join(archive.targets()[:20]) or "none"
+                raise UsageError(
+                    f"--target: no routine results for {self.target!r} in the archive "
+                    f"(targets: {known})"
+                )
+            if self.metric is None:
+                watched = [f"{r.probe}.{r.metric}" for r in alert_rules() if r.probe in measured]
+                if not watched:
+                    raise UsageError(f"--metric: which metric of {self.target!r}?")
+                name = watched[0]
+            else:
+                name = self.metric
+            try:
+                metric = predict.find_metric(name, None, measured)
+            except AnalysisError as exc:
+                raise UsageError(f"--metric: {exc}") from None
+            if self.monitor is not None:
+                monitors = predict.path_monitors(archive, self.target, metric.probe)
+                if self.monitor not in monitors:
+                    raise UsageError(
+                        f"--monitor: {self.monitor!r} has no {metric.probe} results for "
+                        f"{self.target!r} (monitors: {', '.join(monitors) or 'none'})"
+                    )
+            s = predict.read_path(
+                archive,
+                target=self.target,
+                metric=metric,
+                monitor=self.monitor,
+                since=self.since,
+                until=self.until,
+                limit=None,
+            )
+        t, y = predict.increasing(s.t, s.y)
+        where = f"{archive.url} {s.monitor} → {s.target} {metric.name}"
+        if t.size < min_rows:
+            raise AnalysisError(f"{where}: only {t.size} sample(s); at least {min_rows} are needed")
+        return Series(t, y, where)
+
+
+def _read_file(csv: Path, column: str | None, monitor: str | None, min_rows: int = 2) -> Series:
     """The series in ``csv``; from an export table, ``column`` or the watched metric it has."""
     from iepm.analysis.series import read_series
     from iepm.analysis.watch import alert_rules
 
-    prefer = [rule.metric for rule in alert_rules()]
-    return read_series(csv, min_rows=min_rows, column=column, prefer=prefer)
+    prefer = [f"{rule.metric}" for rule in alert_rules()]
+    return read_series(csv, min_rows=min_rows, column=column, prefer=prefer, monitor=monitor)
 
 
 def _num(v: float) -> float | None:
@@ -77,21 +196,41 @@ def _tsv(header: list[str], rows: list[list[Any]]) -> None:
 
 
 def forecast_command(
-    csv: CsvOpt,
+    csv: CsvOpt = None,
     method: Annotated[
         str, typer.Option("--method", help=f"One of: {', '.join(METHODS)} (auto: ensemble).")
     ] = "auto",
     as_json: JsonOpt = False,
     column: ColumnOpt = None,
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    target: TargetOpt = None,
+    metric: MetricOpt = None,
+    monitor: MonitorOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
 ) -> None:
-    """Walk-forward one-step-ahead forecasts with 80% prediction intervals."""
+    """Walk-forward one-step-ahead forecasts with 80% prediction intervals, of a file's
+    series or of a path's routine results in an archive."""
     from iepm.analysis.forecast import walk_forward
     from iepm.analysis.series import iso
+
+    source = Source(
+        csv,
+        column,
+        db=db,
+        config=config,
+        target=target,
+        metric=metric,
+        monitor=monitor,
+        since=since,
+        until=until,
+    )
 
     def work() -> list[Any]:
         if method not in METHODS:
             raise AnalysisError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        s = _read(csv, column, min_rows=START + 1)
+        s = source.read(min_rows=START + 1)
         return walk_forward(s.t, s.y, method)
 
     fcs = _guard(work)
@@ -117,18 +256,38 @@ def forecast_command(
 
 
 def changes_command(
-    csv: CsvOpt,
+    csv: CsvOpt = None,
     as_json: JsonOpt = False,
     online: Annotated[
         bool, typer.Option("--online", help="The alerting detector's decisions, sample by sample.")
     ] = False,
     column: ColumnOpt = None,
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    target: TargetOpt = None,
+    metric: MetricOpt = None,
+    monitor: MonitorOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
 ) -> None:
-    """Step changes: offline segmentation, or (--online) the alerts as they would be raised."""
+    """Step changes: offline segmentation, or (--online) the alerts as they would be raised;
+    of a file's series or of a path's routine results in an archive."""
     from iepm.analysis.changes import detect_online, segment
 
+    source = Source(
+        csv,
+        column,
+        db=db,
+        config=config,
+        target=target,
+        metric=metric,
+        monitor=monitor,
+        since=since,
+        until=until,
+    )
+
     def work() -> tuple[Series, list[Any]]:
-        s = _read(csv, column)
+        s = source.read()
         return s, (detect_online(s.y) if online else segment(s.y))
 
     s, cps = _guard(work)
@@ -157,7 +316,7 @@ def changes_command(
 
 
 def diurnal_command(
-    csv: CsvOpt,
+    csv: CsvOpt = None,
     as_json: JsonOpt = False,
     utc_offset: Annotated[
         float, typer.Option("--utc-offset", help="Hours to add to UTC for the time of day.")
@@ -166,12 +325,32 @@ def diurnal_command(
         float, typer.Option("--site-b", help="Phase b kept for this site (simple estimate).")
     ] = math.pi / 2,
     column: ColumnOpt = None,
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    target: TargetOpt = None,
+    metric: MetricOpt = None,
+    monitor: MonitorOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
 ) -> None:
-    """Fit |a|·sin(x + b) + c over the time of day, weekdays and weekends apart."""
+    """Fit |a|·sin(x + b) + c over the time of day, weekdays and weekends apart; of a file's
+    series or of a path's routine results in an archive."""
     from iepm.analysis.diurnal import fit_diurnal
 
+    source = Source(
+        csv,
+        column,
+        db=db,
+        config=config,
+        target=target,
+        metric=metric,
+        monitor=monitor,
+        since=since,
+        until=until,
+    )
+
     def work() -> dict[str, Any]:
-        s = _read(csv, column)
+        s = source.read()
         return fit_diurnal(s.t, s.y, utc_offset_hours=utc_offset, site_b=site_b)
 
     fits = _guard(work)

@@ -118,15 +118,17 @@ def parse_series(
     check_order: bool = True,
     column: str | None = None,
     prefer: Sequence[str] = (),
+    monitor: str | None = None,
 ) -> Series:
     """Parse the text of a series file; see the module docstring for the format and errors.
 
     ``column`` names the value column of a file with a header (an ``iepm export`` table, say);
-    without it, an export table's value is the first of ``prefer`` that it has."""
+    without it, an export table's value is the first of ``prefer`` that it has. ``monitor``:
+    only that monitor's rows of an export table (one target measured from several)."""
     rows = _Rows(source, check_order)
     table = _table_header(text, column)
     if table is not None:
-        rows.read_table(text, *table, column=column, prefer=prefer)
+        rows.read_table(text, *table, column=column, prefer=prefer, monitor=monitor)
     elif column is not None:
         raise AnalysisError(f"{source}: --column {column!r} needs a header row naming the columns")
     else:
@@ -219,6 +221,7 @@ class _Rows:
         *,
         column: str | None,
         prefer: Sequence[str],
+        monitor: str | None = None,
     ) -> None:
         """A table with a header row, read as CSV (quoted cells may hold separators and line
         breaks, as ``iepm export --format csv`` writes them). Rows of failed runs and empty
@@ -239,6 +242,9 @@ class _Rows:
         time_at = header.index("started_at") if "started_at" in header else 0
         outcome_at = header.index("outcome") if "outcome" in header else None
         path_at = [header.index(c) for c in ("monitor", "target") if c in header]
+        if monitor is not None and "monitor" not in header:
+            raise AnalysisError(f"{source}:{header_line}: --monitor needs a 'monitor' column")
+        monitor_at = header.index("monitor") if monitor is not None else None
         path: tuple[str, ...] | None = None
         for lineno, row in _csv_rows(text, delimiter, header_line, source):
             cells = [cell.strip() for cell in row]
@@ -246,6 +252,8 @@ class _Rows:
                 continue
             cell = cells[value_at] if value_at < len(cells) else ""
             if outcome_at is not None and cells[outcome_at : outcome_at + 1] != ["ok"]:
+                continue
+            if monitor_at is not None and cells[monitor_at : monitor_at + 1] != [monitor]:
                 continue
             if not cell:
                 continue
@@ -255,7 +263,8 @@ class _Rows:
             elif here != path:
                 raise AnalysisError(
                     f"{source}:{lineno}: rows of more than one path ({' → '.join(path)}, then "
-                    f"{' → '.join(here)}); export one target at a time (--target)"
+                    f"{' → '.join(here)}); export one target at a time (--target), or pick one "
+                    "monitor (--monitor)"
                 )
             self.add(lineno, cells[time_at] if time_at < len(cells) else "", cell)
 
@@ -315,6 +324,7 @@ class ReadOptions(TypedDict, total=False):
     check_order: bool
     column: str | None
     prefer: Sequence[str]
+    monitor: str | None
 
 
 def read_series(path: str | Path, **options: Unpack[ReadOptions]) -> Series:

@@ -1,4 +1,5 @@
-"""The REST API (``/api/v1``): targets, result envelopes, aggregates, alerts and studies."""
+"""The REST API (``/api/v1``): targets, result envelopes, aggregates, alerts and studies;
+forecasts, diurnal fits and advice per path (iepm.web.predict_api)."""
 
 # No "from __future__ import annotations": the routes' enums are made per app (in router()),
 # and FastAPI must see annotations as objects, not as names it cannot resolve.
@@ -15,6 +16,7 @@ from iepm import __version__
 from iepm.analysis.statistics import aggregate
 from iepm.probes import PROBES, all_metrics
 from iepm.results import Outcome, Purpose, Result, format_time
+from iepm.web import predict_api
 from iepm.web.context import UNKNOWN, Since, Until, WebContext, now_of, utc, web
 from iepm.web.queries import Queries
 from iepm.web.tables import HISTORY, YEAR
@@ -304,4 +306,5 @@ def router() -> APIRouter:
         studies = [Study(**_times(r, "started_at", "finished_at")) for r in rows]
         return StudiesPage(total=total, limit=limit, offset=offset, studies=studies)
 
+    predict_api.routes(api, ProbeName)
     return api

@@ -33,6 +33,7 @@ from iepm.web.context import HERE, INVALID, UNAVAILABLE, WebContext, templates
 from iepm.web.health import Thresholds, judge
 from iepm.web.pages import mesh as mesh_grid
 from iepm.web.pages import pair as mesh_pair
+from iepm.web.pages import predict as predictions
 from iepm.web.pages.aggregate import VIEWS
 from iepm.web.pages.overview import UNUSUAL
 from iepm.web.places import Place
@@ -100,6 +101,7 @@ def create_app(
     app.include_router(mesh_grid.router())
     app.include_router(mesh_pair.router())
     app.include_router(live.router())
+    app.include_router(predictions.router())
     return app
 
 

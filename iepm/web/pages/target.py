@@ -23,6 +23,7 @@ from iepm.probes import PROBES, all_metrics
 from iepm.probes.base import Metric
 from iepm.web.health import run_value
 from iepm.web.pages.aggregate import weekly
+from iepm.web.pages.predict import forecast_panel
 from iepm.web.queries import Frame, Queries, latest_document
 from iepm.web.tables import (
     HISTORY,
@@ -493,6 +494,10 @@ def target_page(
         studies_table(study_rows, study_total),
     ]
     charts = _charts(frames, metrics, events, marks, now.timestamp())
+    # The forecast with its interval and the diurnal fit (iepm.web.pages.predict).
+    forecast_tables, forecast_charts = forecast_panel(frames, metrics, now)
+    tables += forecast_tables
+    charts += forecast_charts
     charts.append(
         Chart(
             "hops",
