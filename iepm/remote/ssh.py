@@ -164,7 +164,7 @@ async def _await_ready(
     return workdir, pgid, lines
 
 
-def _start_failure(access: SshAccess, program: str, where: str, said: str) -> str:
+def _start_failure(access: SshAccess, kind: ServerKind, program: str, where: str, said: str) -> str:
     low = said.lower()
     if "no space left" in low:
         return (
@@ -172,10 +172,9 @@ def _start_failure(access: SshAccess, program: str, where: str, said: str) -> st
             f"free space there or set ssh.work_dir; it said: {said}"
         )
     if "not found" in low and program.split("/")[-1] in low:
-        name = program.split("/")[-1]
         return (
             f"{where}: {program} is not installed on the target "
-            f"(Debian: apt-get install {name}); it said: {said}"
+            f"(Debian: apt-get install {kind.package or kind.program}); it said: {said}"
         )
     if "in use" in low:
         return f"{where}: port {access.server_port} is in use on the target; it said: {said}"
@@ -224,7 +223,7 @@ async def server(
         try:
             if not ready:
                 said = " | ".join(x for x in lines if x)
-                raise RemoteError(_start_failure(access, program, where, said))
+                raise RemoteError(_start_failure(access, kind, program, where, said))
             if not workdir.startswith(access.work_dir.rstrip("/") + "/iepm-") or pgid <= 1:
                 raise RemoteError(f"{where}: unexpected start-up output: {lines!r}")
             yield SshServer(access.server_port, pgid, workdir, (loop.time() - t0) * 1000)
