@@ -11,13 +11,15 @@ Neither rsync nor ssh stamps its lines with a time, so the command runs under
 log with the time it was read: ``parse()`` stays pure and ``iepm extract`` rebuilds the timers
 from the raw log. Learnt from rsync 3.5.0 with OpenSSH 9.2p1:
 
-* **set-up** runs from the start to rsync's first progress line (ssh connects, exchanges keys
-  and authenticates — **connect** ends at ssh's "Authenticated to" — then the remote rsync
-  starts and the two agree on the protocol and the file list);
-* **transfer** from the first progress line to the sender's ``100%`` line (the last byte left
-  the sender); **commit** from there to rsync's summary ("sent N bytes received M bytes"): the
-  receiver writes what is still in flight, ``--fsync``s it (commit = at_end), renames it and
-  acknowledges. ``committed_throughput_bps`` is bytes over transfer + commit;
+* **set-up** runs from the start to the file's name line, which rsync prints as it starts
+  sending the file (ssh connects, exchanges keys and authenticates — **connect** ends at ssh's
+  "Authenticated to" — then the remote rsync starts and the two agree on the protocol and the
+  file list). The first progress line comes only at rsync's first one-second tick; rsync's
+  stdout is unbuffered (``--outbuf=N``) or every line would be stamped at exit;
+* **transfer** from the name line to the sender's ``100%`` line (the last byte left the
+  sender); **commit** from there to the target's rsync exiting (ssh -v's "exit-status"; else
+  rsync's summary): the receiver writes what is still in flight, ``--fsync``s it (commit =
+  at_end) and renames it. ``committed_throughput_bps`` is bytes over transfer + commit;
 * rsync's own figures: the ``100%`` line's rate over its transfer (binary units: kB/s is KiB/s,
   ``tool_throughput_bps``) and the summary's bytes/sec over its whole run counted in whole
   seconds (``summary_throughput_bps``: the set-up bias the seeds found in bbftp, and more).
@@ -172,6 +174,8 @@ def build_argv(
     return [
         STAMP_PYTHON, "-I", STAMP_SCRIPT,
         "rsync", "--verbose", "--progress", "--stats", "--whole-file", "--no-compress",
+        # Unbuffered: each progress line is stamped when rsync writes it, not at exit.
+        "--outbuf=N",
         *(["--fsync"] if fsync else []),
         "-e", shlex.join(ssh), "--rsync-path", remote,
         source, f"{login.user}@{host}:{directory}/{name}",
@@ -273,10 +277,18 @@ def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
     first, last = events[0][0], events[-1][0]
     connected = next((at for at, text in err if text.startswith("Authenticated to ")), None)
     cipher = next((m[1] for _, text in err if (m := CIPHER.search(text))), None)
-    progress = [(at, m) for at, text in out if (m := PROGRESS.match(text))]
-    started = progress[0][0] if progress else None
-    done = next(((at, m) for at, m in progress if m["pct"] == "100"), None)
+    progress = [(i, at, m) for i, (at, text) in enumerate(out) if (m := PROGRESS.match(text))]
+    # The file's name line: rsync prints it as it starts sending the file; its first progress
+    # line comes only at the first one-second tick.
+    started = None
+    if progress:
+        i, at, _ = progress[0]
+        started = out[i - 1][0] if i > 0 and not PROGRESS.match(out[i - 1][1]) else at
+    done = next(((at, m) for _, at, m in progress if m["pct"] == "100"), None)
     summary = next(((at, m) for at, text in out if (m := SUMMARY.match(text))), None)
+    # The target's rsync exited (the copy written, fsynced, renamed): ssh -v logs its status.
+    exited = next((at for at, text in err if "rtype exit-status" in text), None)
+    committed = exited if exited is not None else summary[0] if summary else None
     ssh_total = next((m for _, text in err if (m := SSH_TOTAL.match(text))), None)
     complete = (
         raw.returncode == 0 and not raw.timed_out and done is not None and summary is not None
@@ -287,7 +299,7 @@ def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
             raise ToolFailed(why)
     nbytes = _number(done[1]["bytes"]) if done is not None and complete else None
     transfer_s = _span(started, done[0] if done else None)
-    commit_s = _span(done[0] if done else None, summary[0] if summary else None)
+    commit_s = _span(done[0] if done else None, committed)
     elapsed_s = _span(first, last)
     tool_bps = tool_s = None
     if done is not None:

@@ -57,10 +57,16 @@ def _keygen(path: Path) -> None:
 
 @contextlib.contextmanager
 def private_sshd(
-    tmp: Path, address: str, port: int, netns: str | None = None, password_auth: bool = True
+    tmp: Path,
+    address: str,
+    port: int,
+    netns: str | None = None,
+    password_auth: bool = True,
+    extra_config: tuple[str, ...] = (),
 ) -> Iterator[Sshd]:
     """``password_auth``: the server offers passwords too (the IEPM-BW "password prompt" case:
-    a monitor whose key is refused must fail, never wait at the prompt)."""
+    a monitor whose key is refused must fail, never wait at the prompt). ``extra_config``:
+    more sshd_config lines (``SetEnv PATH=…``: a target lacking a program)."""
     tmp.mkdir(parents=True, exist_ok=True)
     os.chmod(tmp, 0o700)
     _keygen(tmp / "host_key")
@@ -85,6 +91,7 @@ def private_sshd(
                 "UsePAM no",
                 "StrictModes no",
                 "LoginGraceTime 20",
+                *extra_config,
                 "",
             ]
         )
