@@ -64,6 +64,9 @@ class ProbeMeta:
     default: bool = False
     # Measures the monitor host itself (load): ``iepm probe NAME`` then takes no TARGET.
     local: bool = False
+    # An application copy and what it moves between ("memory": a generated source to a memory
+    # sink, "disk": file to file); the compare page sets copies against iperf3 and each other.
+    copy: Literal["memory", "disk"] | None = None
 
 
 @dataclass(frozen=True)

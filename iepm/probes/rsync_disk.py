@@ -20,7 +20,11 @@ from iepm.runner import RawRun
 NAME = "rsync_disk"
 TOOL = rsync.TOOL
 META = ProbeMeta(
-    scheduling="exclusive", version_argv=rsync.VERSION_ARGV, server=SSH_LOGIN, default=False
+    scheduling="exclusive",
+    version_argv=rsync.VERSION_ARGV,
+    server=SSH_LOGIN,
+    default=False,
+    copy="disk",
 )
 METRICS: tuple[Metric, ...] = (
     Metric(

@@ -16,7 +16,11 @@ from iepm.runner import RawRun
 NAME = "rsync_mem"
 TOOL = rsync.TOOL
 META = ProbeMeta(
-    scheduling="exclusive", version_argv=rsync.VERSION_ARGV, server=SSH_LOGIN, default=False
+    scheduling="exclusive",
+    version_argv=rsync.VERSION_ARGV,
+    server=SSH_LOGIN,
+    default=False,
+    copy="memory",
 )
 METRICS: tuple[Metric, ...] = (
     Metric(
