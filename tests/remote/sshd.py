@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +95,11 @@ def private_sshd(
             ]
         )
     )
-    made_privsep = not PRIVSEP_DIR.exists()
-    if made_privsep:
-        PRIVSEP_DIR.mkdir(mode=0o755)
+    # sshd's privilege-separation directory is shared by every sshd on the host — other suites'
+    # private ones running now too: it is made when missing and never removed (removing it
+    # while another sshd accepts a connection resets that connection: "Missing privilege
+    # separation directory"). It is what Debian's openssh-server creates at boot, empty.
+    PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     argv = [SSHD, "-D", "-e", "-f", str(config)]
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
@@ -111,7 +112,3 @@ def private_sshd(
     finally:
         tool.stop()  # the project's one supervisor: TERM, grace, KILL, sweep the group
         log.close()
-        if made_privsep:
-            with contextlib.suppress(OSError):
-                PRIVSEP_DIR.rmdir()
-        time.sleep(0)

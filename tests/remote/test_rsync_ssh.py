@@ -53,7 +53,13 @@ def work_dir() -> Iterator[Path]:
         yield Path(name)
 
 
+# Log-in and each remote step: generous, as the other suites load the two cores (a 5 s key
+# exchange was seen to miss).
+STEP_S = 20.0
+
+
 def context(access: SshAccess) -> ProbeContext:
+    access = access.model_copy(update={"step_timeout_s": max(access.step_timeout_s, STEP_S)})
     return ProbeContext(target="loop", address="127.0.0.1", servers=server_source(access))
 
 
@@ -205,7 +211,7 @@ def test_a_hung_copy_is_killed_at_its_limit_and_cleaned_on_the_target(
         return await task
 
     result = asyncio.run(copy_and_stop())
-    assert stopped, "the target's rsync never started"
+    assert stopped, f"the target's rsync never started: {result.error}"
     assert result.outcome == Outcome.TIMEOUT, (result.error, result.diags[-1500:])
     assert "did not finish within its 4 s deadline" in (result.error or "")
     assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
@@ -219,20 +225,23 @@ from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 access = SshAccess.model_validate_json(sys.argv[1])
 ctx = ProbeContext(target="loop", address="127.0.0.1", servers=server_source(access))
-asyncio.run(rsync_mem.run(rsync_mem.Spec(size="4G", duration_s=60), ctx))
+result = asyncio.run(rsync_mem.run(rsync_mem.Spec(size="4G", duration_s=60), ctx))
+print(result.outcome, result.error, flush=True)
 """
 
 
 def test_a_monitor_killed_mid_copy_leaves_nothing_on_either_side(
     sshd: Sshd, memory_dir: Path
 ) -> None:
-    access = sshd.access(memory_dir=str(memory_dir))
+    access = sshd.access(memory_dir=str(memory_dir), step_timeout_s=STEP_S)
     sources_before = {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     monitor = subprocess.Popen(
         [sys.executable, "-c", MONITOR_SCRIPT, access.model_dump_json()],
         start_new_session=True,
         env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         # Killed once its copy is under way: the file growing on the target.
@@ -241,7 +250,10 @@ def test_a_monitor_killed_mid_copy_leaves_nothing_on_either_side(
                 f.stat().st_size > 0 for d in memory_dir.iterdir() for f in d.glob(".*.dat.*")
             )
 
-        assert wait_until(growing, 30.0)
+        if not wait_until(growing, 30.0):
+            monitor.kill()
+            said = monitor.communicate(timeout=10)[0].decode(errors="replace")
+            pytest.fail(f"the copy never got under way: {said[-2000:]}")
         tools = psutil.Process(monitor.pid).children(recursive=True)
         assert {"rsync", "ssh"} <= {p.name() for p in tools}
         monitor.kill()
