@@ -313,7 +313,7 @@ def resolve_executable(name: str) -> str:
 
 def _debian_package(tool: str) -> str:
     packages = {"ping": "iputils-ping", "ip": "iproute2"}
-    packages |= {"xrdcp": "xrootd-client", "xrootd": "xrootd-server"}
+    packages |= {"xrdcp": "xrootd-client", "xrootd": "xrootd-server", "xrdfs": "xrootd-client"}
     return packages.get(tool, tool)
 
 

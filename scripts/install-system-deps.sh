@@ -18,6 +18,8 @@ declare -A NEEDED=(
   [xrdcp]=xrootd-client          # the xrdcp_mem / xrdcp_disk probes (monitor side)
   [xrootd]=xrootd-server         # the agent's xrootd server kind (target side)
   [/usr/lib/python3/dist-packages/XRootD]=python3-xrootd  # commit step of xrdcp_disk
+  [rsync]=rsync                  # rsync_mem / rsync_disk (monitor, and SSH targets need it too)
+  [ssh]=openssh-client           # rsync_mem / rsync_disk log in with OpenSSH's client
   [nfdump]=nfdump                # `iepm flows import` reads nfcapd files; nfcapd: benchmarks/flows.py
   [/usr/sbin/softflowd]=softflowd  # the lab's flow exporter (tests/flows/test_lab_flows.py)
 )

@@ -64,6 +64,9 @@ class ProbeMeta:
     default: bool = False
     # Measures the monitor host itself (load): ``iepm probe NAME`` then takes no TARGET.
     local: bool = False
+    # An application copy and what it moves between ("memory": a generated source to a memory
+    # sink, "disk": file to file); the compare page sets copies against iperf3 and each other.
+    copy: Literal["memory", "disk"] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,14 +155,50 @@ class ServerNeed:
     storage: Literal["memory", "disk"] = "disk"
 
 
+# Server kind of a copy over SSH: no server is started, the lease is a private directory on the
+# target and the login that reaches it (SSH targets only).
+SSH_LOGIN = "ssh"
+
+
+@dataclass(frozen=True)
+class SshLogin:
+    """How a copy over SSH logs in to the target: the lease's own access (key only, host key
+    checked, no config file), for tools that run OpenSSH's client themselves (rsync -e)."""
+
+    user: str
+    port: int
+    key_file: str
+    known_hosts: str
+    connect_timeout_s: float
+    # The copy tool's program on the target ([targets.ssh] rsync_path).
+    rsync_path: str = "rsync"
+
+    def ssh_argv(self, *extra: str, connect_timeout_s: float | None = None) -> list[str]:
+        """``ssh`` and the options that hold it to the lease's terms (never a prompt)."""
+        timeout_s = self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+        return [
+            "ssh", "-F", "none", "-p", str(self.port), "-i", self.key_file,
+            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "PreferredAuthentications=publickey",
+            "-o", f"ConnectTimeout={max(1, round(timeout_s))}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2",
+            *extra,
+        ]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ServerLease:
     """A server the probe may use until the lease ends. ``port`` None: the probe's own port (a
-    plain endpoint, nothing was started); ``note``: one line for the result's diags."""
+    plain endpoint, nothing was started); ``note``: one line for the result's diags.
+    ``directory``: a private directory on the target for the run's files (removed with the
+    lease); ``login``: how to log in to the target over SSH (kind "ssh")."""
 
     address: str
     port: int | None = None
     note: str = ""
+    directory: str | None = None
+    login: SshLogin | None = None
 
 
 class ServerSource(Protocol):

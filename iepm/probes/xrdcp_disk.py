@@ -24,7 +24,11 @@ from iepm.runner import RawRun
 NAME = "xrdcp_disk"
 TOOL = xrdcp.TOOL
 META = ProbeMeta(
-    scheduling="exclusive", version_argv=xrdcp.VERSION_ARGV, server=xrdcp.SERVER, default=False
+    scheduling="exclusive",
+    version_argv=xrdcp.VERSION_ARGV,
+    server=xrdcp.SERVER,
+    default=False,
+    copy="disk",
 )
 METRICS: tuple[Metric, ...] = (
     Metric(

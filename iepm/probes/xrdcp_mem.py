@@ -16,7 +16,11 @@ from iepm.runner import RawRun
 NAME = "xrdcp_mem"
 TOOL = xrdcp.TOOL
 META = ProbeMeta(
-    scheduling="exclusive", version_argv=xrdcp.VERSION_ARGV, server=xrdcp.SERVER, default=False
+    scheduling="exclusive",
+    version_argv=xrdcp.VERSION_ARGV,
+    server=xrdcp.SERVER,
+    default=False,
+    copy="memory",
 )
 METRICS: tuple[Metric, ...] = (
     Metric(

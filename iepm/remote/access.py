@@ -68,6 +68,10 @@ class SshAccess(StrictModel):
     iperf3_path: str = "iperf3"
     # Directory on the target for the test's files (a fresh one per test, removed after it).
     work_dir: str = "/tmp"
+    # Memory file system on the target: where a memory-to-memory copy over SSH writes.
+    memory_dir: str = "/dev/shm"
+    # rsync on the target (a copy over SSH runs it there through the login shell).
+    rsync_path: str = "rsync"
 
     def program(self, kind: str, default: str) -> str:
         """The program of a server kind on the target (iperf3_path for iperf3's)."""
@@ -78,7 +82,7 @@ class SshAccess(StrictModel):
         and see it ready, stop it, close (one step deadline each, 2 s to close)."""
         return 4 * self.step_timeout_s + 2
 
-    @field_validator("work_dir")
+    @field_validator("work_dir", "memory_dir")
     @classmethod
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/") or "\n" in value or "\0" in value:
@@ -92,10 +96,10 @@ class SshAccess(StrictModel):
             raise ValueError(f"not a POSIX user name: {value!r}")
         return value
 
-    @field_validator("iperf3_path")
+    @field_validator("iperf3_path", "rsync_path")
     @classmethod
     def _program(cls, value: str) -> str:
         # It is sent as one word of a remote command line: no spaces or shell characters.
         if not re.match(r"^[A-Za-z0-9_./+-]+$", value):
-            raise ValueError(f"iperf3_path may hold only letters, digits and _./+- ({value!r})")
+            raise ValueError(f"a program path may hold only letters, digits and _./+- ({value!r})")
         return value

@@ -435,7 +435,14 @@ class Agent:
                 process = await spawn_server(argv, workdir)
             except (ToolNotFound, OSError) as exc:
                 shutil.rmtree(workdir, ignore_errors=True)
-                raise Refused(503, Refusal(error="failed", message=str(exc))) from None
+                # The program's own name may be a site's path: the package is what to install.
+                message = (
+                    f"the {kind.name} server is not installed on this target (Debian: apt-get "
+                    f"install {kind.package}): {exc}"
+                    if isinstance(exc, ToolNotFound)
+                    else str(exc)
+                )
+                raise Refused(503, Refusal(error="failed", message=message)) from None
             output = bytearray()
             if await self._wait_listening(kind, process, output):
                 now = time.monotonic()

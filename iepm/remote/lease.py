@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from iepm.errors import RemoteError
-from iepm.probes.base import ServerLease, ServerNeed, ServerSource
+from iepm.probes.base import SSH_LOGIN, ServerLease, ServerNeed, ServerSource, SshLogin
 from iepm.remote.access import AgentAccess, SshAccess
 from iepm.remote.protocol import SlotRequest
 
@@ -43,6 +44,11 @@ class AgentServers:
     ) -> AsyncIterator[ServerLease]:
         from iepm.remote.client import AgentClient
 
+        if need.kind == SSH_LOGIN:
+            raise RemoteError(
+                f"a copy over SSH needs an SSH target ([targets.ssh]); {target} runs the iepm "
+                "agent, which leases xrootd and iperf3 servers only"
+            )
         client = AgentClient.from_access(self.access, netns=netns)
         request = slot_request(need, target)
         async with client.held(request, wait_s=self.access.slot_wait_s) as slot:
@@ -68,6 +74,25 @@ class SshServers:
 
         access = self.access
         test_s = float(need.duration_s + need.omit_s)
+        if need.kind == SSH_LOGIN:
+            base = access.memory_dir if need.storage == "memory" else access.work_dir
+            async with ssh.directory(access, address, base, test_s, netns=netns) as made:
+                yield ServerLease(
+                    address,
+                    access.port,
+                    f"[ssh {access.user}@{address}:{access.port}: {made.path} for the copy, "
+                    f"ready in {made.ready_ms:.0f} ms]",
+                    directory=made.path,
+                    login=SshLogin(
+                        access.user,
+                        access.port,
+                        str(Path(access.key_file).expanduser()),
+                        str(Path(access.known_hosts).expanduser()),
+                        access.step_timeout_s,
+                        access.rsync_path,
+                    ),
+                )
+            return
         async with ssh.server(access, need.kind, address, test_s, netns=netns) as server:
             yield ServerLease(
                 address,

@@ -75,6 +75,8 @@ class ServerKind:
     setup: Callable[[Path, Grant], None] | None = None
     # When ``ready`` alone cannot tell (it also starts a line that says the start failed).
     ready_pattern: re.Pattern[bytes] | None = None
+    # The Debian package that installs ``program``: what a target lacking it is told to install.
+    package: str = ""
 
     def is_ready(self, line: bytes) -> bool:
         if self.ready_pattern is not None:
@@ -145,6 +147,7 @@ IPERF3 = ServerKind(
     ready=b"Server listening on",
     argv=_iperf3_argv,
     guard=Iperf3Guard,
+    package="iperf3",
 )
 
 # --- xrootd ------------------------------------------------------------------------------------
@@ -228,6 +231,7 @@ XROOTD = ServerKind(
     argv=_xrootd_argv,
     guard=XrootdGuard,
     setup=_xrootd_setup,
+    package="xrootd-server",
 )
 
 # --- abw: the packet-train receiver ------------------------------------------------------------

@@ -164,7 +164,7 @@ async def _await_ready(
     return workdir, pgid, lines
 
 
-def _start_failure(access: SshAccess, program: str, where: str, said: str) -> str:
+def _start_failure(access: SshAccess, kind: ServerKind, program: str, where: str, said: str) -> str:
     low = said.lower()
     if "no space left" in low:
         return (
@@ -172,10 +172,9 @@ def _start_failure(access: SshAccess, program: str, where: str, said: str) -> st
             f"free space there or set ssh.work_dir; it said: {said}"
         )
     if "not found" in low and program.split("/")[-1] in low:
-        name = program.split("/")[-1]
         return (
             f"{where}: {program} is not installed on the target "
-            f"(Debian: apt-get install {name}); it said: {said}"
+            f"(Debian: apt-get install {kind.package or kind.program}); it said: {said}"
         )
     if "in use" in low:
         return f"{where}: port {access.server_port} is in use on the target; it said: {said}"
@@ -224,7 +223,7 @@ async def server(
         try:
             if not ready:
                 said = " | ".join(x for x in lines if x)
-                raise RemoteError(_start_failure(access, program, where, said))
+                raise RemoteError(_start_failure(access, kind, program, where, said))
             if not workdir.startswith(access.work_dir.rstrip("/") + "/iepm-") or pgid <= 1:
                 raise RemoteError(f"{where}: unexpected start-up output: {lines!r}")
             yield SshServer(access.server_port, pgid, workdir, (loop.time() - t0) * 1000)
@@ -242,6 +241,102 @@ async def server(
         conn.close()
         with contextlib.suppress(TimeoutError, asyncssh.Error, OSError):
             await asyncio.wait_for(conn.wait_closed(), 2.0)
+
+
+# --- a directory for a copy over SSH -------------------------------------------------------------
+
+# In a copy's directory: the process group of each tool the copy started there (one per line),
+# so that whoever removes the directory first kills them.
+PIDS_FILE = ".iepm-pids"
+
+
+@dataclass(frozen=True)
+class SshDirectory:
+    path: str
+    pgid: int
+    ready_ms: float
+
+
+def _sweep(directory: str) -> str:
+    """Shell: kill the copy's recorded process groups, then remove its directory."""
+    return (
+        f"for p in $(cat {directory}/{PIDS_FILE} 2>/dev/null); do kill -KILL -- -$p 2>/dev/null; "
+        f"done; rm -rf -- {directory}"
+    )
+
+
+def _hold_command(base: str, hold_s: float) -> str:
+    """Make a private directory and hold it while the SSH channel is open, at most ``hold_s``:
+    when the monitor goes away (its connection closes, ``cat`` reads EOF) or the time is up,
+    the target itself kills the copy's tools and removes the directory."""
+    template = shlex.quote(base.rstrip("/") + "/iepm-XXXXXXXX")
+    # --foreground: timeout stays in this shell's group, which the monitor's stop step kills.
+    hold = shlex.join(["timeout", "--foreground", "-s", "KILL", str(int(hold_s)), "cat"])
+    return (
+        f'umask 077 && d=$(mktemp -d {template}) && echo "iepm-dir $d" && echo "iepm-pgid $$" '
+        f"&& {{ echo iepm-ready; {hold} >/dev/null; {_sweep(chr(34) + '$d' + chr(34))}; }}"
+    )
+
+
+def remote_pids_file(directory: str) -> str:
+    return f"{directory.rstrip('/')}/{PIDS_FILE}"
+
+
+@contextlib.asynccontextmanager
+async def directory(
+    access: SshAccess, address: str, base: str, hold_s: float, *, netns: str | None = None
+) -> AsyncIterator[SshDirectory]:
+    """A fresh directory under ``base`` on the target for one copy; the tools recorded in it
+    are killed and it is removed afterwards (by the monitor, else by the target at EOF or
+    ``hold_s`` + the step deadlines)."""
+    step = float(access.step_timeout_s)
+    where = f"{access.user}@{address}"
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    conn = await connect(access, address, netns)
+    try:
+        command = _hold_command(base, hold_s + 2 * step + 5)
+        try:
+            process = await asyncio.wait_for(conn.create_process(command), step)
+            path, pgid, lines = await _await_ready(process, "iepm-ready", step)
+        except (TimeoutError, asyncssh.Error, OSError) as exc:
+            raise RemoteError(
+                f"{where}: making the copy's directory: {_describe(exc, where, step)}"
+            ) from None
+        mine = path.startswith(base.rstrip("/") + "/iepm-") and pgid > 1
+        try:
+            if "iepm-ready" not in lines or not mine:
+                said = " | ".join(x for x in lines if x) or "(nothing)"
+                raise RemoteError(_directory_failure(base, where, said))
+            yield SshDirectory(path, pgid, (loop.time() - t0) * 1000)
+        finally:
+            process.close()
+            if mine:
+                group = shlex.quote(f"-{pgid}")
+                stop = (
+                    f"{_sweep(shlex.quote(path))}; kill -TERM -- {group} 2>/dev/null && "
+                    f"sleep {STOP_GRACE_S}; kill -KILL -- {group} 2>/dev/null; true"
+                )
+                try:
+                    await asyncio.wait_for(conn.run(stop, check=False), step)
+                except (TimeoutError, asyncssh.Error, OSError) as exc:
+                    # The holder still removes it when the channel closes or its time is up.
+                    log.warning("%s: removing %s failed (%s)", where, path, exc)
+    finally:
+        conn.close()
+        with contextlib.suppress(TimeoutError, asyncssh.Error, OSError):
+            await asyncio.wait_for(conn.wait_closed(), 2.0)
+
+
+def _directory_failure(base: str, where: str, said: str) -> str:
+    low = said.lower()
+    if "no space left" in low:
+        return f"{where}: the target's {base} is full (No space left on device); it said: {said}"
+    if "permission denied" in low or "read-only" in low:
+        return f"{where}: cannot write in {base} on the target (permission denied); it said: {said}"
+    if "no such file" in low:
+        return f"{where}: {base} does not exist on the target; it said: {said}"
+    return f"{where}: cannot make a directory in {base} on the target; it said: {said}"
 
 
 async def check_target(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,10 +56,16 @@ def _keygen(path: Path) -> None:
 
 @contextlib.contextmanager
 def private_sshd(
-    tmp: Path, address: str, port: int, netns: str | None = None, password_auth: bool = True
+    tmp: Path,
+    address: str,
+    port: int,
+    netns: str | None = None,
+    password_auth: bool = True,
+    extra_config: tuple[str, ...] = (),
 ) -> Iterator[Sshd]:
     """``password_auth``: the server offers passwords too (the IEPM-BW "password prompt" case:
-    a monitor whose key is refused must fail, never wait at the prompt)."""
+    a monitor whose key is refused must fail, never wait at the prompt). ``extra_config``:
+    more sshd_config lines (``SetEnv PATH=…``: a target lacking a program)."""
     tmp.mkdir(parents=True, exist_ok=True)
     os.chmod(tmp, 0o700)
     _keygen(tmp / "host_key")
@@ -85,13 +90,16 @@ def private_sshd(
                 "UsePAM no",
                 "StrictModes no",
                 "LoginGraceTime 20",
+                *extra_config,
                 "",
             ]
         )
     )
-    made_privsep = not PRIVSEP_DIR.exists()
-    if made_privsep:
-        PRIVSEP_DIR.mkdir(mode=0o755)
+    # sshd's privilege-separation directory is shared by every sshd on the host — other suites'
+    # private ones running now too: it is made when missing and never removed (removing it
+    # while another sshd accepts a connection resets that connection: "Missing privilege
+    # separation directory"). It is what Debian's openssh-server creates at boot, empty.
+    PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     argv = [SSHD, "-D", "-e", "-f", str(config)]
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
@@ -104,7 +112,3 @@ def private_sshd(
     finally:
         tool.stop()  # the project's one supervisor: TERM, grace, KILL, sweep the group
         log.close()
-        if made_privsep:
-            with contextlib.suppress(OSError):
-                PRIVSEP_DIR.rmdir()
-        time.sleep(0)

@@ -120,6 +120,7 @@ def test_an_agent_without_its_xrootd_program_refuses_the_slot_saying_so(
         result = asyncio.run(xrdcp_mem.run(spec, context(agent)))
         assert result.outcome == Outcome.FAILED
         assert result.error is not None and "'xrootd-gone' is not installed" in result.error
+        assert "(Debian: apt-get install xrootd-server)" in result.error
         assert slot_files(memory_dir) == []
 
 

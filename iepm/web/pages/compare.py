@@ -16,8 +16,9 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from iepm.analysis.statistics import FloatArray, at, through_origin
+from iepm.probes import PROBES
 from iepm.probes import metric as metric_named
-from iepm.probes.base import Metric
+from iepm.probes.base import Metric, Probe
 from iepm.web.queries import Frame, Queries
 from iepm.web.tables import HISTORY, Chart, Series, Table, col
 
@@ -102,6 +103,98 @@ class ComparePage:
     fit: FitRow
     tables: dict[str, Table]
     charts: list[Chart]
+    # The seed's comparisons (links to each scatter) with their figures, from the registry.
+    seed: list[SeedRow]
+
+
+# --- the seed's comparisons (IEPM-BW Fig. 8) ----------------------------------------------------
+
+
+class Comparison(NamedTuple):
+    title: str
+    x: str
+    y: str
+
+
+class SeedRow(NamedTuple):
+    """One comparison over the paths: y = a·x through the origin (the seed's fit), its R², and
+    the quartiles of y / x per path (the seed: bbcp memory copies at 58-96% of iperf's)."""
+
+    comparison: str
+    x: str
+    y: str
+    paths: int
+    a: float | None
+    r_squared: float | None
+    ratio_p25: float | None
+    ratio_median: float | None
+    ratio_p75: float | None
+
+
+def _rate(probe: Probe) -> Metric | None:
+    """A probe's headline rate: its first metric in bit/s."""
+    return next((m for m in probe.METRICS if m.key.endswith("_bps")), None)
+
+
+def seed_comparisons() -> list[Comparison]:
+    """From the registry: every network throughput probe (exclusive, server-backed, not a copy:
+    iperf3) against every memory-to-memory copy, and every memory copy against the disk copy
+    of the same tool."""
+    probes = list(PROBES.values())
+    networks = [
+        p for p in probes if p.META.scheduling == "exclusive" and p.META.server and not p.META.copy
+    ]
+    memory = [p for p in probes if p.META.copy == "memory"]
+    disk = [p for p in probes if p.META.copy == "disk"]
+    found = []
+    for net in networks:
+        for mem in memory:
+            x, y = _rate(net), _rate(mem)
+            if x is not None and y is not None:
+                found.append(Comparison(f"{net.NAME} vs memory copy ({mem.TOOL})", x.name, y.name))
+    for mem in memory:
+        for dsk in (d for d in disk if d.TOOL == mem.TOOL):
+            x, y = _rate(mem), _rate(dsk)
+            if x is not None and y is not None:
+                found.append(Comparison(f"memory vs disk copy ({mem.TOOL})", x.name, y.name))
+    return found
+
+
+def seed_rows(q: Queries, now: datetime) -> list[SeedRow]:
+    comparisons = seed_comparisons()
+    named = {name: metric_named(name) for c in comparisons for name in (c.x, c.y)}
+    if not named:
+        return []
+    probes = sorted({m.probe for m in named.values()})
+    keys = sorted({m.key for m in named.values()})
+    frame = q.frame(probes, keys, target=None, since=now - HISTORY, until=now)
+    rows = []
+    for c in comparisons:
+        points = _path_points(frame, named[c.x], named[c.y])
+        x = np.array([p.x for p in points], dtype=float)
+        y = np.array([p.y for p in points], dtype=float)
+        a = r2 = None
+        if len(points) >= 2:
+            a, r2 = through_origin(x, y)
+        ratio = y[x > 0] / x[x > 0]
+        quartiles = (
+            [float(v) for v in np.percentile(ratio, [25, 50, 75])] if len(ratio) else [None] * 3
+        )
+        rows.append(SeedRow(c.title, c.x, c.y, len(points), a, r2, *quartiles))
+    return rows
+
+
+SEED_COLUMNS = [
+    col("comparison", "what is set against what (the seed's Fig. 8 and its disk-copy finding)"),
+    col("x", "metric on the x axis"),
+    col("y", "metric on the y axis"),
+    col("paths", "paths (target, monitor) with both, 28-day medians"),
+    col("a", "slope of the fit y = a·x through the origin"),
+    col("r_squared", "R² of that fit (1 - SSE / sum of squares about the mean)"),
+    col("ratio_p25", "25th percentile over the paths of y / x"),
+    col("ratio_median", "median over the paths of y / x"),
+    col("ratio_p75", "75th percentile over the paths of y / x"),
+]
 
 
 def _of(frame: Frame, ids: Any, metric: Metric) -> FloatArray:
@@ -212,12 +305,17 @@ def compare_page(
         x_label=x_name,
         note=fitted.text,
     )
+    seed = seed_rows(q, now)
+    seed_table = Table(
+        "seed", "the seed's comparisons over the paths (IEPM-BW Fig. 8)", SEED_COLUMNS, seed
+    )
     return ComparePage(
         x=x_name,
         y=y_name,
         mode=mode,
         target=target,
         fit=fitted,
-        tables={"points": table, "fit": fit},
+        tables={"points": table, "fit": fit, "seed": seed_table},
         charts=[chart] if points else [],
+        seed=seed,
     )

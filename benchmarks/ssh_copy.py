@@ -1,0 +1,84 @@
+"""What SSH's cipher costs a copy on these CPUs: rsync memory-to-memory over SSH on loopback
+(no link in the way: only CPU bounds it) against iperf3 on loopback, one TCP connection each,
+measured in the same run, per cipher.
+
+* ``figure``: rsync_mem over SSH with the default cipher (aes128-gcm), throughput_bps;
+* ``baseline``: iperf3, one stream, on loopback;
+* ``ratio`` = figure ÷ baseline; ``ciphers``: each cipher's figure and ratio.
+
+    .venv/bin/python benchmarks/ssh_copy.py [--size 512M] [--json-out FILE]
+
+Prints one JSON object. Needs rsync, sshd (openssh-server), iperf3; runs a private sshd on
+127.0.0.1, stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, get_args
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from iepm.probes import iperf3, rsync, rsync_mem
+from iepm.probes.base import ProbeContext
+from iepm.remote.lease import server_source
+from tests.helpers import free_port, iperf3_server
+from tests.remote.sshd import private_sshd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="512M", help="bytes per copy (K/M/G)")
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    ciphers: dict[str, Any] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="iepm-sshbench-") as tmp,
+        tempfile.TemporaryDirectory(prefix="iepm-sshbench-", dir="/dev/shm") as memory,
+        private_sshd(Path(tmp) / "sshd", "127.0.0.1", free_port(), password_auth=False) as sshd,
+    ):
+        ctx = ProbeContext(
+            "loop", "127.0.0.1", servers=server_source(sshd.access(memory_dir=memory))
+        )
+        with iperf3_server() as port:
+            plain = ProbeContext("loop", "127.0.0.1")
+            reference = asyncio.run(iperf3.run(iperf3.Spec(duration_s=5, port=port), plain))
+        if not reference.succeeded:
+            raise SystemExit(f"iperf3 failed: {reference.error}")
+        baseline = reference.data["throughput_bps"]
+        for cipher in get_args(rsync.Cipher):
+            spec = rsync_mem.Spec(size=args.size, duration_s=300, cipher=cipher)
+            result = asyncio.run(rsync_mem.run(spec, ctx))
+            if not result.succeeded:
+                raise SystemExit(f"{cipher}: {result.error}\n{result.diags[-2000:]}")
+            bps = result.data["throughput_bps"]
+            ciphers[cipher] = {"throughput_bps": bps, "ratio": round(bps / baseline, 3)}
+    default = ciphers["aes128-gcm@openssh.com"]["throughput_bps"]
+    out = {
+        "figure": "rsync_mem over SSH on loopback (aes128-gcm), throughput_bps",
+        "value": default,
+        "baseline": "iperf3 one stream on loopback, throughput_bps",
+        "baseline_value": baseline,
+        "ratio": round(default / baseline, 3),
+        "ciphers": ciphers,
+        "size": args.size,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json_out:
+        args.json_out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""Copies over SSH with ``rsync -e ssh``: what the memory-to-memory and disk-to-disk probes share.
+
+Why rsync rather than scp/sftp: it is what sites move data with over SSH, it reports its own
+rate (the progress line of each file: bytes, rate, elapsed time) and its own totals when its
+output is not a terminal (scp and sftp draw their meters only on a terminal), and it commits a
+copy itself (``--fsync``, rsync ≥ 3.2.4). One TCP connection: SSH has no parallel streams, and
+OpenSSH's cipher (``cipher``) is what bounds a single copy on a fast path.
+
+Neither rsync nor ssh stamps its lines with a time, so the command runs under
+:mod:`.stamp` (Debian's python3), which prefixes every line of rsync's stdout and ssh's ``-v``
+log with the time it was read: ``parse()`` stays pure and ``iepm extract`` rebuilds the timers
+from the raw log. Learnt from rsync 3.5.0 with OpenSSH 9.2p1:
+
+* **set-up** runs from the start to the file's name line, which rsync prints as it starts
+  sending the file (ssh connects, exchanges keys and authenticates — **connect** ends at ssh's
+  "Authenticated to" — then the remote rsync starts and the two agree on the protocol and the
+  file list). The first progress line comes only at rsync's first one-second tick; rsync's
+  stdout is unbuffered (``--outbuf=N``) or every line would be stamped at exit;
+* **transfer** from the name line to the sender's ``100%`` line (the last byte left the
+  sender); **commit** from there to the target's rsync exiting (ssh -v's "exit-status"; else
+  rsync's summary): the receiver writes what is still in flight, ``--fsync``s it (commit =
+  at_end) and renames it. ``committed_throughput_bps`` is bytes over transfer + commit;
+* rsync's own figures: the ``100%`` line's rate over its transfer (binary units: kB/s is KiB/s,
+  ``tool_throughput_bps``) and the summary's bytes/sec over its whole run counted in whole
+  seconds (``summary_throughput_bps``: the set-up bias the seeds found in bbftp, and more).
+* On the target rsync runs under ``timeout -s KILL`` with its process group recorded in the
+  lease's directory, so that the lease (or the target itself, when the monitor is gone) kills
+  it when the directory is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import secrets
+import shlex
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed, ToolNotFound
+from iepm.probes import xrdcp
+from iepm.probes.base import (
+    SSH_LOGIN,
+    Column,
+    ProbeContext,
+    ProbeSpec,
+    ServerNeed,
+    SshLogin,
+    failed_result,
+    figure,
+    result_from_raw,
+)
+from iepm.results import Result
+from iepm.runner import RawRun, resolve_executable, run_command, tool_version
+from iepm.units import size_bytes
+
+TOOL = "rsync"
+VERSION_ARGV = ("rsync", "--version")
+SSH_VERSION_ARGV = ("ssh", "-V")
+STAMP_PYTHON = "/usr/bin/python3"
+STAMP_SCRIPT = str(Path(__file__).with_name("stamp.py"))
+# The lease's directory lists the process groups of the tools a copy runs on the target.
+PIDS_FILE = ".iepm-pids"
+# Seconds the remote rsync may outlive the probe's deadline before the target kills it.
+REMOTE_GRACE_S = 5
+Cipher = Literal[
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "chacha20-poly1305@openssh.com",
+    "aes128-ctr",
+]
+
+STAMPED = re.compile(r"^\[(?P<at>\d+\.\d+)\] (?P<text>.*)$")
+PROGRESS = re.compile(
+    r"^\s*(?P<bytes>[\d,]+)\s+(?P<pct>\d+)%\s+(?P<rate>[\d.]+)(?P<unit>[kMG])B/s\s+"
+    r"(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d)"
+)
+SUMMARY = re.compile(
+    r"^sent (?P<sent>[\d,]+) bytes\s+received (?P<received>[\d,]+) bytes\s+"
+    r"(?P<rate>[\d,.]+) bytes/sec"
+)
+CIPHER = re.compile(r"kex: client->server cipher: (\S+)")
+SSH_TOTAL = re.compile(r"^Transferred: sent (\d+), received (\d+) bytes, in ([\d.]+) seconds")
+UNIT = {"k": 1024, "M": 1024**2, "G": 1024**3}
+
+COLUMNS = [
+    Column("bytes", "bytes copied"),
+    Column("cipher", "the SSH cipher the copy ran with"),
+    Column("setup_s", "connect, authenticate, start rsync on the target, file list, s"),
+    Column("connect_s", "SSH connect and authentication (part of setup_s), s"),
+    Column("transfer_s", "from rsync's first progress line to its 100% line, s"),
+    Column("commit_s", "from the 100% line to rsync's summary (write-out, fsync, rename), s"),
+    Column("elapsed_s", "rsync's whole run, s"),
+    Column("throughput_bps", "bytes over transfer_s, bit/s"),
+    Column("committed_throughput_bps", "bytes over transfer_s + commit_s, bit/s"),
+    Column("end_to_end_throughput_bps", "bytes over elapsed_s (set-up included), bit/s"),
+    Column("tool_throughput_bps", "rsync's own rate on its 100% line, bit/s"),
+    Column("summary_throughput_bps", "rsync's summary bytes/sec (whole seconds of its run), bit/s"),
+]
+
+
+class CopySpec(ProbeSpec):
+    """One rsync copy over SSH to a private directory on an SSH target (removed afterwards)."""
+
+    size: str = Field(
+        default="256M", description="bytes to copy, with K/M/G (binary), from 1M to 64G"
+    )
+    cipher: Cipher = Field(
+        default="aes128-gcm@openssh.com",
+        description="SSH cipher (AES-GCM uses the CPU's AES instructions; chacha20 does not)",
+    )
+    duration_s: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="limit on the whole copy, s: rsync is killed at this deadline",
+        json_schema_extra={"cli": "duration"},
+    )
+    connect_timeout_s: int = Field(
+        default=5,
+        ge=1,
+        le=120,
+        description="give up connecting after this many seconds",
+        json_schema_extra={"cli": "connect-timeout"},
+    )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        try:
+            nbytes = size_bytes(value, base=1024)
+        except ValueError:
+            raise ValueError(f"size {value!r} is not a size like 64M or 1G") from None
+        if not xrdcp.MIN_SIZE <= nbytes <= xrdcp.MAX_SIZE:
+            raise ValueError(f"size {value!r} must be between 1M and 64G")
+        return value.strip()
+
+    @property
+    def size_bytes(self) -> int:
+        return size_bytes(self.size, base=1024)
+
+    def deadline_s(self) -> float:
+        return self.duration_s
+
+
+PLACEHOLDER = SshLogin("root", 22, "~/.ssh/id_ed25519", "~/.ssh/known_hosts", 5.0)
+
+
+def build_argv(
+    spec: CopySpec,
+    address: str,
+    *,
+    source: str = f"{xrdcp.MEMORY_DIR}/iepm-xrdcp.src",
+    directory: str = "/tmp/iepm-copy",
+    name: str = "iepm-copy.dat",
+    login: SshLogin = PLACEHOLDER,
+    fsync: bool = False,
+) -> list[str]:
+    """The stamped rsync command copying ``source`` to ``directory/name`` on the target."""
+    host = f"[{address}]" if ":" in address else address
+    ssh = login.ssh_argv("-v", "-c", spec.cipher, connect_timeout_s=spec.connect_timeout_s)
+    # Run through the target's login shell: record the process group (timeout leads it), and
+    # the target kills rsync at the deadline whatever becomes of this monitor.
+    remote = (
+        f"echo $$ >> {shlex.quote(f'{directory}/{PIDS_FILE}')} 2>/dev/null; exec "
+        f"timeout -s KILL {math.ceil(spec.duration_s) + REMOTE_GRACE_S} "
+        f"{shlex.quote(login.rsync_path)}"
+    )
+    return [
+        STAMP_PYTHON, "-I", STAMP_SCRIPT,
+        "rsync", "--verbose", "--progress", "--stats", "--whole-file", "--no-compress",
+        # Unbuffered: each progress line is stamped when rsync writes it, not at exit.
+        "--outbuf=N",
+        *(["--fsync"] if fsync else []),
+        "-e", shlex.join(ssh), "--rsync-path", remote,
+        source, f"{login.user}@{host}:{directory}/{name}",
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# parse
+
+
+def stamped(text: str) -> list[tuple[float, str]]:
+    lines = []
+    for line in text.splitlines():
+        match = STAMPED.match(line)
+        if match is not None:
+            lines.append((float(match["at"]), match["text"]))
+    return lines
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(max(0.0, end - start), 6)
+
+
+def _bps(nbytes: int | None, seconds: float | None) -> float | None:
+    if nbytes is None or not seconds:
+        return None
+    return round(nbytes * 8 / seconds, 1)
+
+
+def where(argv: tuple[str, ...]) -> str:
+    dest = argv[-1] if argv else ""
+    return dest.split(":", 1)[0] if ":" in dest else "the target"
+
+
+def explain(lines: list[str], argv: tuple[str, ...]) -> str | None:
+    """Why the copy failed, in words a person can act on (rsync's or ssh's line kept), or None
+    when the output names no failure."""
+    host = where(argv)
+    text = "\n".join(lines)
+    low = text.lower()
+
+    def said(*needles: str) -> str:
+        line = next((ln for ln in lines if any(n in ln.lower() for n in needles)), "")
+        return f" ({line.strip()})" if line else ""
+
+    if (
+        "failed to run command" in low
+        or "rsync: command not found" in low
+        or ("rsync: not found" in low)
+    ):
+        return (
+            f"rsync is not installed on {host} (Debian: apt-get install rsync), or the target's "
+            f"rsync_path is wrong{said('failed to run', 'not found')}"
+        )
+    if "permission denied (publickey" in low:
+        return (
+            f"SSH to {host}: the target refused this monitor's key (public-key only, never a "
+            f"password){said('permission denied')}"
+        )
+    if "host key verification failed" in low:
+        return f"SSH to {host}: the host key is not in known_hosts or does not match"
+    if "connection refused" in low:
+        return f"SSH to {host}: connection refused — is sshd running on that port?"
+    if ("timed out" in low and "connect" in low) or "no route to host" in low:
+        return f"SSH to {host}: no answer in time{said('timed out', 'no route')}"
+    if "no space left on device" in low or "disk quota exceeded" in low:
+        return (
+            f"no room for the copy on {host}: its file system is full"
+            f"{said('no space left', 'quota')}"
+        )
+    if "permission denied" in low or "read-only file system" in low:
+        return (
+            f"{host} refused to write the copy: permission denied"
+            f"{said('permission denied', 'read-only')}"
+        )
+    failure = next((ln for ln in reversed(lines) if ln.startswith("rsync: ")), None)
+    if failure is None:
+        failure = next((ln for ln in reversed(lines) if ln.startswith("rsync error: ")), None)
+    return None if failure is None else f"rsync to {host} failed: {failure.strip()}"
+
+
+def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
+    """Timers and rates from the stamped output of rsync and ssh -v; ToolFailed for their own
+    errors, ParseError for output that is not a stamped rsync run."""
+    out, err = stamped(raw.stdout), stamped(raw.stderr)
+    events = sorted(out + err)
+    if not events:
+        complaint = next((ln.strip() for ln in reversed(raw.stderr.splitlines()) if ln), None)
+        if complaint and not raw.timed_out:
+            raise ToolFailed(f"rsync to {where(raw.argv)} did not start; it said: {complaint}")
+        raise ParseError(
+            f"rsync to {where(raw.argv)} printed nothing stamped (exit {raw.returncode}): it was "
+            "killed or crashed before starting"
+        )
+    first, last = events[0][0], events[-1][0]
+    connected = next((at for at, text in err if text.startswith("Authenticated to ")), None)
+    cipher = next((m[1] for _, text in err if (m := CIPHER.search(text))), None)
+    progress = [(i, at, m) for i, (at, text) in enumerate(out) if (m := PROGRESS.match(text))]
+    # The file's name line: rsync prints it as it starts sending the file; its first progress
+    # line comes only at the first one-second tick.
+    started = None
+    if progress:
+        i, at, _ = progress[0]
+        started = out[i - 1][0] if i > 0 and not PROGRESS.match(out[i - 1][1]) else at
+    done = next(((at, m) for _, at, m in progress if m["pct"] == "100"), None)
+    summary = next(((at, m) for at, text in out if (m := SUMMARY.match(text))), None)
+    # The target's rsync exited (the copy written, fsynced, renamed): ssh -v logs its status.
+    exited = next((at for at, text in err if "rtype exit-status" in text), None)
+    committed = exited if exited is not None else summary[0] if summary else None
+    ssh_total = next((m for _, text in err if (m := SSH_TOTAL.match(text))), None)
+    complete = (
+        raw.returncode == 0 and not raw.timed_out and done is not None and summary is not None
+    )
+    if raw.returncode not in (0, None) and not raw.timed_out:
+        why = explain([text for _, text in events], raw.argv)
+        if why is not None:
+            raise ToolFailed(why)
+    nbytes = _number(done[1]["bytes"]) if done is not None and complete else None
+    transfer_s = _span(started, done[0] if done else None)
+    commit_s = _span(done[0] if done else None, committed)
+    elapsed_s = _span(first, last)
+    tool_bps = tool_s = None
+    if done is not None:
+        m = done[1]
+        tool_bps = round(float(m["rate"]) * UNIT[m["unit"]] * 8, 1)
+        tool_s = int(m["h"]) * 3600 + int(m["m"]) * 60 + int(m["s"])
+    data: dict[str, Any] = {
+        "complete": complete,
+        "bytes": nbytes,
+        "cipher": cipher,
+        "setup_s": _span(first, started),
+        "connect_s": _span(first, connected),
+        "transfer_s": transfer_s,
+        "commit_s": commit_s,
+        "elapsed_s": elapsed_s,
+        "throughput_bps": _bps(nbytes, transfer_s),
+        "committed_throughput_bps": _bps(
+            nbytes, None if transfer_s is None or commit_s is None else transfer_s + commit_s
+        ),
+        "end_to_end_throughput_bps": _bps(nbytes, elapsed_s),
+        "tool_throughput_bps": tool_bps,
+        "tool_transfer_s": tool_s,
+        "summary_throughput_bps": (
+            round(float(summary[1]["rate"].replace(",", "")) * 8, 1) if summary else None
+        ),
+        "ssh_elapsed_s": float(ssh_total[3]) if ssh_total else None,
+    }
+    if not complete:
+        phase = (
+            "connecting to the target"
+            if connected is None
+            else "starting rsync on the target"
+            if started is None
+            else "copying"
+            if done is None
+            else "committing the copy"
+        )
+        data["tool_error"] = f"rsync to {where(raw.argv)} did not finish: it was {phase}"
+    return data
+
+
+def check(data: dict[str, Any], spec: CopySpec) -> str | None:
+    if not data.get("complete"):
+        return str(data.get("tool_error") or "rsync did not finish the copy")
+    if spec is not None and data.get("bytes") != spec.size_bytes:
+        return f"rsync copied {data.get('bytes')} bytes, the spec asked for {spec.size_bytes}"
+    if not data.get("throughput_bps"):
+        return "rsync printed no transfer time: its output lacks the progress lines"
+    return None
+
+
+def summary(data: dict[str, Any]) -> str:
+    def mbps(bps: float | None) -> str:
+        return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
+
+    return (
+        f"{mbps(data.get('throughput_bps'))} over the transfer "
+        f"({mbps(data.get('tool_throughput_bps'))} by rsync), "
+        f"{mbps(data.get('end_to_end_throughput_bps'))} end to end; setup "
+        f"{figure(data.get('setup_s'))} s, transfer {figure(data.get('transfer_s'))} s, commit "
+        f"{figure(data.get('commit_s'))} s ({data.get('cipher') or '-'})"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+async def versions(ctx: ProbeContext) -> str | None:
+    """rsync's version and OpenSSH's: both shape the output parse() reads."""
+    found = [await tool_version(ctx.wrap(argv)) for argv in (VERSION_ARGV, SSH_VERSION_ARGV)]
+    words = [v for v in found if v]
+    return "; ".join(" ".join(w.split()) for w in words) or None
+
+
+async def run_copy(
+    module: ModuleType,
+    spec: CopySpec,
+    ctx: ProbeContext,
+    storage: Literal["memory", "disk"],
+    source: contextlib.AbstractContextManager[str],
+    *,
+    fsync: bool = False,
+) -> Result:
+    """Lease a directory on the SSH target, copy ``source`` into it, log the run raw, parse it;
+    failures as data, and the lease removes the directory and the target's rsync."""
+    if ctx.servers is None:
+        return failed_result(
+            module,
+            spec,
+            ctx,
+            f"{module.NAME} copies over SSH: give {ctx.target} an [targets.ssh] table (user, "
+            "key_file, known_hosts) so that the monitor can log in there",
+        )
+    need = ServerNeed(
+        kind=SSH_LOGIN,
+        duration_s=math.ceil(spec.duration_s),
+        size_bytes=spec.size_bytes,
+        storage=storage,
+    )
+    notes: list[str] = []
+    try:
+        for program in ("rsync", "ssh", STAMP_PYTHON):
+            resolve_executable(program)
+        version = await versions(ctx)
+        async with ctx.server(need) as lease:
+            notes.append(lease.note)
+            if lease.login is None or lease.directory is None:
+                raise RemoteError(f"{ctx.target}: the lease gave no SSH login or directory")
+            name = f"iepm-{secrets.token_hex(8)}.dat"
+            with source as source_path:
+                argv = build_argv(
+                    spec,
+                    lease.address,
+                    source=source_path,
+                    directory=lease.directory,
+                    name=name,
+                    login=lease.login,
+                    fsync=fsync,
+                )
+                raw = await run_command(ctx.wrap(argv), spec.deadline_s())
+    except ToolNotFound as exc:
+        return failed_result(module, spec, ctx, str(exc))
+    except (RemoteError, ConfigError, OSError) as exc:
+        return failed_result(module, spec, ctx, str(exc), diags="\n".join(n for n in notes if n))
+    if ctx.raw_log is not None:
+        ctx.raw_log.append(ctx.target, module.NAME, raw, params=spec.model_dump(mode="json"))
+    result = result_from_raw(module, spec, replace(ctx, address=lease.address), raw, version)
+    diags = "\n".join([*(n for n in notes if n), result.diags])
+    return result.model_copy(update={"diags": diags})

@@ -1,0 +1,96 @@
+"""Disk-to-disk copy over SSH: a real file on the monitor's disk copied by rsync over ssh into a
+private directory under the target's ``[targets.ssh] work_dir``. With ``commit = "at_end"``
+rsync fsyncs the copy before it reports (``--fsync``) and that time is counted in
+``committed_throughput_bps``; with ``"none"`` the copy may still sit in the target's page cache.
+Tool details in iepm/probes/rsync.py."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from iepm.probes import rsync, xrdcp
+from iepm.probes.base import SSH_LOGIN, Metric, ProbeContext, ProbeMeta
+from iepm.probes.xrdcp_disk import disk_source
+from iepm.results import Result
+from iepm.runner import RawRun
+
+NAME = "rsync_disk"
+TOOL = rsync.TOOL
+META = ProbeMeta(
+    scheduling="exclusive",
+    version_argv=rsync.VERSION_ARGV,
+    server=SSH_LOGIN,
+    default=False,
+    copy="disk",
+)
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        NAME,
+        "committed_throughput_bps",
+        "disk copy over SSH, committed (bit/s)",
+        "higher",
+        1.0,
+        "bits_per_second",
+        rollup=True,
+        alert={"min_relative": 0.15},
+    ),
+    Metric(
+        NAME,
+        "throughput_bps",
+        "disk copy over SSH, sender's view (bit/s)",
+        "higher",
+        1.0,
+        "bits_per_second",
+    ),
+    Metric(NAME, "commit_s", "SSH copy commit (s)", "lower", 1.0, "seconds", rollup=True),
+)
+COLUMNS = rsync.COLUMNS
+
+
+class Spec(rsync.CopySpec):
+    """A disk-to-disk rsync copy over SSH (see :class:`~iepm.probes.rsync.CopySpec`)."""
+
+    commit: Literal["none", "at_end"] = Field(
+        default="at_end",
+        description="at_end: rsync fsyncs the copy (--fsync), the time counts; none: no fsync",
+    )
+    source_dir: str = Field(
+        default="/var/tmp",
+        description="monitor directory holding the source file (iepm-xrdcp-SIZE.src, kept)",
+    )
+
+    @field_validator("source_dir")
+    @classmethod
+    def _source_dir(cls, value: str) -> str:
+        if not xrdcp.PATH_RE.match(value):
+            raise ValueError(f"source_dir {value!r} must be an absolute path")
+        return value
+
+
+def build_argv(spec: Spec, address: str) -> list[str]:
+    source = f"{spec.source_dir.rstrip('/')}/iepm-xrdcp-{spec.size_bytes}.src"
+    return rsync.build_argv(spec, address, source=source, fsync=spec.commit == "at_end")
+
+
+def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
+    return rsync.parse(raw, spec)
+
+
+def check(data: dict[str, Any], spec: Spec) -> str | None:
+    return rsync.check(data, spec)
+
+
+def summary(data: dict[str, Any]) -> str:
+    text = rsync.summary(data)
+    committed = data.get("committed_throughput_bps")
+    return text if committed is None else f"{committed / 1e6:.1f} Mbit/s committed; {text}"
+
+
+async def run(spec: Spec, ctx: ProbeContext) -> Result:
+    module = sys.modules[__name__]
+    source = disk_source(spec.size_bytes, spec.source_dir)
+    fsync = spec.commit == "at_end"
+    return await rsync.run_copy(module, spec, ctx, "disk", source, fsync=fsync)

@@ -1,0 +1,71 @@
+"""Memory-to-memory copy over SSH: a generated source (a sparse file on the monitor's memory file
+system, read as zeros) copied by rsync over ssh into a private directory on the target's memory
+file system (``[targets.ssh] memory_dir``, /dev/shm), so that neither side touches a disk: what
+the network, SSH's cipher and the two ends can move. Tool details in iepm/probes/rsync.py."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from iepm.probes import rsync, xrdcp
+from iepm.probes.base import SSH_LOGIN, Metric, ProbeContext, ProbeMeta
+from iepm.results import Result
+from iepm.runner import RawRun
+
+NAME = "rsync_mem"
+TOOL = rsync.TOOL
+META = ProbeMeta(
+    scheduling="exclusive",
+    version_argv=rsync.VERSION_ARGV,
+    server=SSH_LOGIN,
+    default=False,
+    copy="memory",
+)
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        NAME,
+        "throughput_bps",
+        "memory copy over SSH (bit/s)",
+        "higher",
+        1.0,
+        "bits_per_second",
+        rollup=True,
+        alert={"min_relative": 0.15},
+    ),
+    Metric(
+        NAME,
+        "end_to_end_throughput_bps",
+        "memory copy over SSH, set-up included (bit/s)",
+        "higher",
+        1.0,
+        "bits_per_second",
+    ),
+    Metric(NAME, "setup_s", "SSH copy set-up (s)", "lower", 1.0, "seconds", rollup=True),
+)
+COLUMNS = rsync.COLUMNS
+
+
+class Spec(rsync.CopySpec):
+    """A memory-to-memory rsync copy over SSH (see :class:`~iepm.probes.rsync.CopySpec`)."""
+
+
+def build_argv(spec: Spec, address: str) -> list[str]:
+    return rsync.build_argv(spec, address)
+
+
+def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
+    return rsync.parse(raw, spec)
+
+
+def check(data: dict[str, Any], spec: Spec) -> str | None:
+    return rsync.check(data, spec)
+
+
+def summary(data: dict[str, Any]) -> str:
+    return rsync.summary(data)
+
+
+async def run(spec: Spec, ctx: ProbeContext) -> Result:
+    module = sys.modules[__name__]
+    return await rsync.run_copy(module, spec, ctx, "memory", xrdcp.memory_source(spec.size_bytes))
