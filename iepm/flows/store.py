@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, or_, select
 
 from iepm.flows.decode import Flow
 from iepm.store import Archive
@@ -54,10 +54,13 @@ def read_flows(
     since_ms: int | None = None,
     until_ms: int | None = None,
     pairs: Sequence[tuple[str, str]] | None = None,
+    address: str | None = None,
 ) -> Iterator[Flow]:
     """Stored flows starting in [since, until), oldest first; only ``pairs`` (src, dst) if
-    given."""
+    given; only those from or to ``address`` if given."""
     conditions = []
+    if address is not None:
+        conditions.append(or_(FLOWS.c.src == address, FLOWS.c.dst == address))
     if since_ms is not None:
         conditions.append(FLOWS.c.start_ms >= since_ms)
     if until_ms is not None:

@@ -31,6 +31,7 @@ from iepm.scheduler import SchedulerHealth
 from iepm.web import api, metrics, site
 from iepm.web.context import HERE, INVALID, UNAVAILABLE, WebContext, templates
 from iepm.web.health import Thresholds, judge
+from iepm.web.pages import flows as flows_page
 from iepm.web.pages import mesh as mesh_grid
 from iepm.web.pages.aggregate import VIEWS
 from iepm.web.pages.overview import UNUSUAL
@@ -96,6 +97,7 @@ def create_app(
     app.include_router(api.router())
     app.include_router(metrics.router())
     app.include_router(mesh_grid.router())
+    app.include_router(flows_page.router())
     return app
 
 
