@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, NamedTuple
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from iepm.analysis.statistics import at
@@ -233,6 +233,11 @@ class Probe(StrEnum):
     xrdcp_disk = "xrdcp_disk"
 
 
+class Format(StrEnum):
+    csv = "csv"
+    tsv = "tsv"
+
+
 Days = Annotated[int, Query(ge=1, le=366, description="days back from until (or now)")]
 Ports = Annotated[
     bool, Query(description="match a test's flows by its server port too (false: addresses only)")
@@ -240,8 +245,6 @@ Ports = Annotated[
 
 
 def router() -> APIRouter:
-    from iepm.web.site import TableFormat, download, pick
-
     routes = APIRouter(tags=["pages"], responses=UNKNOWN)
 
     def data(
@@ -274,7 +277,7 @@ def router() -> APIRouter:
     async def flows_table(
         w: Context,
         name: str,
-        format: TableFormat = TableFormat.csv,
+        format: Format = Format.csv,
         probe: Probe = Probe.iperf3,
         days: Days = 28,
         ports: Ports = True,
@@ -282,6 +285,14 @@ def router() -> APIRouter:
     ) -> Response:
         page = await w.computed(data, w, until, probe.value, days, ports)
         selection = f"probe={probe.value} days={days} ports={ports} until={format_time(page.until)}"
-        return download(pick(page.tables, name), format, selection, "flows")
+        if name not in page.tables:
+            raise HTTPException(404, f"no table {name!r} here (tables: {', '.join(page.tables)})")
+        # As the other pages' downloads (iepm.web.site, which imports the pages: not from here).
+        media = "text/csv" if format == Format.csv else "text/tab-separated-values"
+        return Response(
+            page.tables[name].render(format.value, selection),
+            media_type=f"{media}; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="flows-{name}.{format.value}"'},
+        )
 
     return routes
