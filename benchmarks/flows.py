@@ -146,9 +146,10 @@ def step(stream: list[bytes], rate: float, work: Path) -> dict[str, Any]:
          "-B", str(RCVBUF)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    sent_at = time.monotonic()
     try:
-        wait_until(lambda: udp_queue(iepm_port) is not None, 30, "iepm listening")
-        wait_until(lambda: udp_queue(nf_port) is not None, 30, "nfcapd listening")
+        wait_until(lambda: udp_queue(iepm_port) is not None, 120, "iepm listening")
+        wait_until(lambda: udp_queue(nf_port) is not None, 120, "nfcapd listening")
         took = send(stream, rate, [iepm_port, nf_port])
         sent_at = time.monotonic()
         wait_until(lambda: udp_queue(iepm_port) == 0 and udp_queue(nf_port) == 0, 60, "drained")
