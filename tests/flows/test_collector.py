@@ -61,7 +61,8 @@ class Running:
 
     def finish(self) -> CollectorReport:
         self.collector.stop.set()
-        self.thread.join(30)
+        self.thread.join(120)  # the worker writes its backlog first (slow on a busy host)
+        assert not self.thread.is_alive(), "collector still running"
         assert self.report is not None
         return self.report
 
