@@ -19,8 +19,6 @@ from iepm.errors import IepmError
 from iepm.flows.collector import FRAME, Pipeline, peak_rss_kb, unpack_frame
 from iepm.store import Archive
 
-WORKER_NICE = 5
-
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
     """``size`` bytes from ``fd``, or None at end of input (the receiver closed the pipe)."""
@@ -42,9 +40,6 @@ def _frame(fd: int) -> bytes | None:
 def main() -> int:
     # The receiver decides when to stop (it closes our stdin); a terminal's Ctrl-C is its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # On a busy host the receiver comes first: a datagram the socket drops is lost, a record
-    # waiting in the spool is only late.
-    os.nice(WORKER_NICE)
     fd = sys.stdin.fileno()
     head = _frame(fd)
     if head is None:
