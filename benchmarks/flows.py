@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -59,6 +60,21 @@ def udp_queue(port: int) -> int | None:
         ["ss", "-Huln", f"sport = :{port}"], capture_output=True, text=True, timeout=5
     ).stdout.split()
     return int(out[1]) if len(out) > 1 else None
+
+
+def storing(proc: subprocess.Popen[str], timeout_s: float) -> None:
+    """Wait for ``iepm flows collect`` to say it stores records (its stderr)."""
+    deadline = time.monotonic() + timeout_s
+    assert proc.stderr is not None
+    while time.monotonic() < deadline:
+        if not select.select([proc.stderr], [], [], 0.5)[0]:
+            continue
+        line = proc.stderr.readline()
+        if not line:
+            raise RuntimeError("iepm flows collect exited before storing")
+        if line.strip() == "storing records":
+            return
+    raise TimeoutError(f"iepm storing: not within {timeout_s:g} s")
 
 
 def free_port() -> int:
@@ -139,7 +155,7 @@ def step(stream: list[bytes], rate: float, work: Path) -> dict[str, Any]:
     iepm = subprocess.Popen(
         [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen",
          f"127.0.0.1:{iepm_port}", "--db", db, "--rcvbuf-bytes", str(RCVBUF)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )  # fmt: skip
     nfcapd = subprocess.Popen(
         ["nfcapd", "-b", "127.0.0.1", "-p", str(nf_port), "-w", str(nf_dir), "-t", "3600",
@@ -148,7 +164,8 @@ def step(stream: list[bytes], rate: float, work: Path) -> dict[str, Any]:
     )  # fmt: skip
     sent_at = time.monotonic()
     try:
-        wait_until(lambda: udp_queue(iepm_port) is not None, 120, "iepm listening")
+        # The step starts once iepm's worker has the archive open (its start-up is not rate).
+        storing(iepm, 120)
         wait_until(lambda: udp_queue(nf_port) is not None, 120, "nfcapd listening")
         took = send(stream, rate, [iepm_port, nf_port])
         sent_at = time.monotonic()

@@ -127,8 +127,16 @@ def collect_command(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: collector.stop.set())
+    # Records are queued from the start; this line says the archive is taking them too.
+    threading.Thread(target=_say_ready, args=(collector.ready,), daemon=True).start()
     report = collector.run(duration_s)
     sys.stdout.write(json.dumps(report.as_dict()) + "\n")
+
+
+def _say_ready(ready: threading.Event) -> None:
+    if ready.wait(timeout=3600):
+        sys.stderr.write("storing records\n")
+        sys.stderr.flush()
 
 
 @flows_app.command("import")

@@ -57,6 +57,7 @@ FRAME_S = 0.05
 SPOOL_BYTES = 512 << 20
 # One datagram inside a frame: exporter address length, datagram length.
 ITEM = struct.Struct("!BH")
+READY = "ready"  # the worker's first line: archive open, records will be stored
 FRAME = struct.Struct("!I")
 
 
@@ -231,6 +232,7 @@ class Collector:
         self.spool_bytes = spool_bytes
         self.report = CollectorReport(DecodeStats())
         self.stop = threading.Event()
+        self.ready = threading.Event()  # the worker has opened the archive
         self._spool: collections.deque[bytes | None] = collections.deque()
         self._spooled = 0  # bytes in the spool
         self._ready = threading.Condition()
@@ -355,6 +357,8 @@ class Collector:
         stdin.flush()
 
     def _read_report(self, stdout: IO[bytes]) -> None:
+        if stdout.readline().strip() == READY.encode():
+            self.ready.set()
         while chunk := stdout.read(65536):
             self._worker_out += chunk
 

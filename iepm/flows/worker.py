@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from iepm.errors import IepmError
-from iepm.flows.collector import FRAME, Pipeline, peak_rss_kb, unpack_frame
+from iepm.flows.collector import FRAME, READY, Pipeline, peak_rss_kb, unpack_frame
 from iepm.store import Archive
 
 
@@ -53,6 +53,8 @@ def main() -> int:
         sys.stdout.write(json.dumps({"errors": [str(exc)]}) + "\n")
         return 1
     pipeline = Pipeline(archive, **settings)
+    sys.stdout.write(READY + "\n")  # the receiver says so: from here records are stored
+    sys.stdout.flush()
     feed, tick = pipeline.feed, pipeline.tick
     try:
         while True:
