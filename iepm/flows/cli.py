@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from iepm.cliglue import GuardedTyper, open_archive, parse_moment
+from iepm.cliglue import GuardedTyper, archive_url, open_archive, parse_moment
 from iepm.errors import UsageError
 
 flows_app = GuardedTyper(
@@ -104,28 +104,39 @@ def collect_command(
     rcvbuf_bytes: Annotated[
         int, typer.Option(min=65536, max=1 << 30, help="Socket receive buffer (absorbs bursts).")
     ] = 64 << 20,
+    spool_mb: Annotated[
+        int,
+        typer.Option(min=1, max=1 << 16, help="Datagrams held while the archive is behind."),
+    ] = 512,
 ) -> None:
     """Receive NetFlow v5/v9 and IPFIX on ADDR:PORT and store the records; on TERM or Ctrl-C,
     store what is pending and print the counts (records, loss, bad packets) as JSON."""
     from iepm.flows.collector import Collector
 
     host, port = _listen(listen)
-    archive = open_archive(db, config, reading=False)
-    try:
-        collector = Collector(
-            archive, host, port, batch_records=batch, flush_s=flush_s,
-            write_deadline_s=write_deadline_s, rcvbuf_bytes=rcvbuf_bytes,
-        )  # fmt: skip
-        bound = collector.address
-        sys.stderr.write(f"listening on {bound[0]}:{bound[1]}\n")
-        sys.stderr.flush()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: collector.stop.set())
-        report = collector.run(duration_s)
-    finally:
-        archive.close()
+    url = archive_url(db, config)
+    open_archive(db, config, reading=False).close()  # created and migrated here, once
+    collector = Collector(
+        url, host, port, batch_records=batch, flush_s=flush_s,
+        write_deadline_s=write_deadline_s, rcvbuf_bytes=rcvbuf_bytes,
+        spool_bytes=spool_mb << 20,
+    )  # fmt: skip
+    bound = collector.address
+    sys.stderr.write(f"listening on {bound[0]}:{bound[1]}\n")
+    sys.stderr.flush()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: collector.stop.set())
+    # Records are queued from the start; this line says the archive is taking them too.
+    threading.Thread(target=_say_ready, args=(collector.ready,), daemon=True).start()
+    report = collector.run(duration_s)
     sys.stdout.write(json.dumps(report.as_dict()) + "\n")
+
+
+def _say_ready(ready: threading.Event) -> None:
+    if ready.wait(timeout=3600):
+        sys.stderr.write("storing records\n")
+        sys.stderr.flush()
 
 
 @flows_app.command("import")

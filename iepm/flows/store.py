@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, or_, select
 
 from iepm.flows.decode import Flow
 from iepm.store import Archive
@@ -18,8 +18,12 @@ COLUMNS = Flow._fields
 
 
 def flow_id(flow: Flow) -> str:
-    """A digest of the record (every exported field): the same record met twice is one row."""
-    return hashlib.blake2b(repr(tuple(flow)).encode(), digest_size=16).hexdigest()
+    """The record's start time then a digest of every exported field: the same record met
+    twice is one row. The time first keeps the primary key's inserts near its end (records
+    arrive roughly in time order), not scattered over the whole index: at a million rows,
+    SQLite stores twice as many records per second."""
+    digest = hashlib.blake2b(repr(tuple(flow)).encode(), digest_size=10).hexdigest()
+    return f"{flow.start_ms & 0xFFFFFFFFFFFF:012x}{digest}"
 
 
 def add_flows(archive: Archive, flows: Iterable[Flow], source: str) -> int:
@@ -50,10 +54,13 @@ def read_flows(
     since_ms: int | None = None,
     until_ms: int | None = None,
     pairs: Sequence[tuple[str, str]] | None = None,
+    address: str | None = None,
 ) -> Iterator[Flow]:
     """Stored flows starting in [since, until), oldest first; only ``pairs`` (src, dst) if
-    given."""
+    given; only those from or to ``address`` if given."""
     conditions = []
+    if address is not None:
+        conditions.append(or_(FLOWS.c.src == address, FLOWS.c.dst == address))
     if since_ms is not None:
         conditions.append(FLOWS.c.start_ms >= since_ms)
     if until_ms is not None:

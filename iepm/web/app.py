@@ -31,6 +31,7 @@ from iepm.scheduler import SchedulerHealth
 from iepm.web import api, live, metrics, site
 from iepm.web.context import HERE, INVALID, UNAVAILABLE, WebContext, templates
 from iepm.web.health import Thresholds, judge
+from iepm.web.pages import flows as flows_page
 from iepm.web.pages import mesh as mesh_grid
 from iepm.web.pages import pair as mesh_pair
 from iepm.web.pages import predict as predictions
@@ -102,6 +103,7 @@ def create_app(
     app.include_router(mesh_pair.router())
     app.include_router(live.router())
     app.include_router(predictions.router())
+    app.include_router(flows_page.router())
     return app
 
 

@@ -6,6 +6,8 @@ effect (formula 1 holds, 2 and 3 move)."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import os
 import shutil
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from iepm.flows.compare import match, table
 from iepm.flows.store import read_flows
@@ -25,6 +28,7 @@ from iepm.probes import get_probe
 from iepm.probes.base import ProbeContext
 from iepm.results import Result
 from iepm.store import Archive
+from iepm.web.app import create_app
 
 pytestmark = [
     pytest.mark.lab,
@@ -146,7 +150,8 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
     finally:
         for proc in (idle, server, exporter):
             lab.stop(proc)
-        lab.stop(collector)  # TERM: it stores what is pending and prints its report
+        # TERM: it stores what is pending (its worker may be behind on a busy host), then reports.
+        lab.stop(collector, grace_s=120)
     report = json.loads(collector_log.read_text().strip().splitlines()[-1])
     assert report["decode"]["truncated"] == 0 and report["decode"]["unknown_template"] == 0
     assert report["decode"]["lost"] == 0
@@ -177,3 +182,18 @@ def test_softflowd_passive_matches_active_and_a_long_flow_shows_table_3(
     assert inj.passive_bps(1) == pytest.approx(clean.passive_bps(1), rel=0.01)
     assert inj.passive_bps(2) < 0.7 * clean.passive_bps(2)  # type: ignore[operator]
     assert inj.passive_bps(3) < 0.2 * clean.passive_bps(3)  # type: ignore[operator]
+
+    # The web's flows page shows the same comparison (all tests, by port) and the target page
+    # the passive series of the target's transfers.
+    expected = table(match([*results, injected], flows)[0])
+    with TestClient(create_app(url, cache_ttl_s=0)) as client:
+        response = client.get("/flows/tables/compare?days=1")
+        assert response.status_code == 200, response.text
+        print(response.text)
+        rows = list(csv.DictReader(io.StringIO(response.text)))
+        assert [(r["formula"], int(r["n"])) for r in rows] == [
+            (str(e.formula), e.n) for e in expected
+        ]
+        assert float(rows[0]["r"]) > 0.9 and abs(float(rows[0]["err_median"])) < 0.05
+        page = client.get("/targets/tgt?window=1d")
+        assert page.status_code == 200 and 'id="chart-passive"' in page.text

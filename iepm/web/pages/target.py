@@ -24,6 +24,7 @@ from iepm.probes.base import Metric
 from iepm.web.health import run_value
 from iepm.web.pages.aggregate import weekly
 from iepm.web.pages.predict import forecast_panel
+from iepm.web.pages.flows import target_passive
 from iepm.web.queries import Frame, Queries, latest_document
 from iepm.web.tables import (
     HISTORY,
@@ -517,6 +518,10 @@ def target_page(
             tables.append(table)
             charts.append(chart)
     charts.append(long_term)
+    passive = target_passive(q, target, since, now)  # flow records: source "passive"
+    if passive is not None:
+        tables.append(passive[0])
+        charts.append(passive[1])
     smoke_probe = metrics[SMOKE[0]].probe if SMOKE[0] in metrics else None
     smoke_frame = frames.get(smoke_probe or "")
     smoke = _smoke(q, target, monitor, now, metrics, smoke_frame, now.timestamp(), since)
