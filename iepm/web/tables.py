@@ -193,6 +193,9 @@ class Chart:
     note: str = ""
     # Per-x figures a kind of chart needs beyond its series (the smoke chart's loss).
     extra: dict[str, list[float | None]] = field(default_factory=dict)
+    # Time charts of one page with the same ``sync`` share one time axis: stacked, one zoom,
+    # one cursor (None: a chart on a scale of its own, as a year of weekly means).
+    sync: str | None = "window"
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -209,6 +212,7 @@ class Chart:
                 for s in self.series
             ],
             "xLabel": self.x_label,
+            "sync": self.sync if self.kind in ("time", "smoke") else None,
             "events": self.events,
             "alerts": [{"t": t, "label": label} for t, label in self.alerts],
             "outages": [{"from": a, "to": b, "reason": why} for a, b, why in self.outages],
