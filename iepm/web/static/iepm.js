@@ -23,7 +23,8 @@
   // Time axis ticks: hours within a day, the date where a day starts (and on the first tick).
   function timeTicks(u, splits, axis, space, incr) {
     return splits.map((t, i) => {
-      const s = iso(t);
+      // Ticks under a minute apart (a zoomed hour) need their seconds to differ.
+      const s = incr < 60 ? new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ") : iso(t);
       if (incr >= 86400) return (i === 0 || s.slice(5, 10) === "01-01") ? s.slice(0, 10) : s.slice(5, 10);
       return (i === 0 || s.slice(11) === "00:00") ? s.slice(0, 10) + "\n" + s.slice(11) : s.slice(11);
     });
