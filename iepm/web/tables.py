@@ -157,7 +157,8 @@ def shown_cells(table: Table, row: tuple[Any, ...]) -> list[tuple[str, str | Non
     names = [c.name for c in table.columns]
     metric = row[names.index("metric")] if "metric" in names else None
     out: list[tuple[str, str | None]] = []
-    for name, value in zip(names, row, strict=True):
+    for i, value in enumerate(row):
+        name = names[i] if i < len(names) else ""  # a row is its columns (plain rows unchecked)
         unit_of = metric if name in IN_METRIC_UNIT and isinstance(metric, str) else name
         number = isinstance(value, int | float | np.number) and not isinstance(value, bool)
         if number and unit_word(unit_of) is not None and math.isfinite(float(value)):
