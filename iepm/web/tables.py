@@ -155,7 +155,8 @@ def shown_cells(table: Table, row: tuple[Any, ...]) -> list[tuple[str, str | Non
     for people ("94.3 Mbit/s") and ``raw`` is the download's text of it (None when the page
     writes the download's text itself)."""
     names = [c.name for c in table.columns]
-    metric = row[names.index("metric")] if "metric" in names else None
+    where = names.index("metric") if "metric" in names else len(row)
+    metric = row[where] if where < len(row) else None
     out: list[tuple[str, str | None]] = []
     for i, value in enumerate(row):
         name = names[i] if i < len(names) else ""  # a row is its columns (plain rows unchecked)
