@@ -437,7 +437,7 @@ def at_route_change(
     # Ping and traceroute of one cycle start together (the traceroute may start first).
     route_t = datetime.fromisoformat(route_at).timestamp() - spacing / 2
     for q in range(max(1, p - REFINE_BACK), min(len(times), p + REFINE_BACK + 1)):
-        if times[q] >= route_t:
+        if times[q - 1] < route_t <= times[q]:
             return times[q - 1], times[q]
     return (times[p - 1] if p > 0 else change_t), change_t
 

@@ -567,3 +567,20 @@ def test_the_demo_scenario_with_random_rtt_spikes_on_unseen_seeds(
     still one alert per event, at its cycle, within 3 samples, and none in the calm period."""
     cycles, events, stored = _run_scenario(tmp_path, seed, 0.05, {})
     _assert_one_alert_per_event(cycles, events, stored)
+
+
+def test_a_route_caused_step_moves_to_the_route_change_only_when_near() -> None:
+    from iepm.analysis.watch import at_route_change
+
+    samples = [(30.0 * i + 8, 148.0) for i in range(20)]  # pings 8 s into each cycle
+    at = datetime.fromtimestamp  # the traceroute starts at the cycle's start
+
+    def route(cycle: int) -> str:
+        return at(30.0 * cycle, UTC).isoformat()
+
+    change = samples[12][0]
+    assert at_route_change(samples, change, route(13)) == (samples[12][0], samples[13][0])
+    assert at_route_change(samples, change, route(10)) == (samples[9][0], samples[10][0])
+    # Further than REFINE_BACK samples away, or after the change's window: left where it was.
+    assert at_route_change(samples, change, route(2)) == (samples[11][0], change)
+    assert at_route_change(samples, change, route(19)) == (samples[11][0], change)
