@@ -218,7 +218,7 @@ def _option_problems(module: Probe, exc: ValidationError) -> str:
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else ""
         name = f"--{_cli_name(field, fields[field])}" if field in fields else field or module.NAME
-        lines.append(f"{name}: {describe(error).removeprefix('Value error, ')}")
+        lines.append(f"{name}: {describe(error)}")
     return "; ".join(lines)
 
 

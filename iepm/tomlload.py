@@ -100,7 +100,9 @@ def describe(
     field says so with ``unknown`` as the hint. ``shown`` renders the value (to hide secrets)."""
     if error.get("type") == "extra_forbidden":
         return f"unknown field (check the spelling; {unknown})"
-    message = str(error["msg"])
+    # A validator's own message reads on its own: pydantic's "Value error, " (and "Assertion
+    # failed, ") prefixes name how it was raised, which the person reading it cannot act on.
+    message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if error.get("type") != "missing" and "input" in error:
         given = error["input"]
         if not isinstance(given, dict | list):

@@ -186,6 +186,8 @@ def _route_evidence(w: _Windows) -> dict[str, Any] | None:
         "after": route,
         "before_at": format_time(old_result.started_at),
         "after_at": format_time(r.started_at),
+        # The first traceroute on another route: where the watcher places a step it caused.
+        "first_after_at": format_time(changed[0][0].started_at),
         "traceroutes_after": len(new),
         "differing_after": len(changed),
     }

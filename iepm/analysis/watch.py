@@ -9,7 +9,8 @@ got no reply at all is a sample of 100% loss.
 Each series has its own :class:`~iepm.analysis.changes.OnlineDetector` with the floors its
 metric declares, which keep alerts meaningful to people (a change must be ≥ 15% of the
 throughput, ≥ 5% and ≥ 0.5 ms of the RTT, ≥ 2 percentage points of loss), and ``confirm = 3``:
-an alert is raised at the third sample of a new level, never on a single outlier. When the
+an alert is raised at the third sample of a new level, never on a single outlier, and one
+outlier among those three does not hold it back (:class:`AlertDetector`). When the
 watcher first meets a series (e.g. after a restart) it replays the last ``history`` results
 from the archive, so it neither needs a new warm-up nor raises alerts about the past.
 
@@ -25,6 +26,7 @@ confirmation, an alert was raised this cycle or the last, or the route changed.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections import deque
@@ -102,12 +104,76 @@ def _moment(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
 
+class AlertDetector:
+    """The step detector of one watched series, tolerant of one outlier in a new level.
+
+    :class:`~iepm.analysis.changes.OnlineDetector` confirms a new level only when its
+    ``confirm`` samples are consistent (their spread at most ``consistency`` times the step),
+    so that a scattered burst of noise is no alert. But one spike among them (a delayed packet,
+    a busy delay line) made the spread as large as the step: the demo's cern route switch, with
+    two RTT spikes three samples apart, was confirmed seven cycles late. So beside that detector
+    (``strict``) runs the same one without the consistency test (``lenient``); a run the lenient
+    one confirms is a new level when it is consistent once its sample farthest from the run's
+    median is set aside. A scattered burst still fails (two or more samples away from the rest);
+    a level with one spike is confirmed at its ``confirm``-th sample. After each decision the
+    two detectors are made the same again, so that no change is reported twice.
+    """
+
+    def __init__(self, **params: float) -> None:
+        self.strict = OnlineDetector(**params)  # type: ignore[arg-type]
+        self.consistency = self.strict.consistency
+        self.confirm = self.strict.confirm
+        self.lenient = self._without_consistency(self.strict)
+        self._values: deque[tuple[int, float]] = deque(maxlen=4 * self.confirm)
+        self._index = -1
+
+    @staticmethod
+    def _without_consistency(detector: OnlineDetector) -> OnlineDetector:
+        twin = copy.deepcopy(detector)
+        twin.consistency = 0.0
+        return twin
+
+    @property
+    def pending(self) -> bool:
+        return self.strict.pending or self.lenient.pending
+
+    def update(self, value: float) -> ChangePoint | None:
+        self._index += 1
+        self._values.append((self._index, value))
+        strict = self.strict.update(value)
+        lenient = self.lenient.update(value)
+        if strict is not None or self.consistency <= 0:
+            self.lenient = self._without_consistency(self.strict)
+            return strict
+        if lenient is None:
+            return None
+        assert lenient.alert_index is not None
+        run = [v for i, v in self._values if lenient.index <= i <= lenient.alert_index]
+        if consistent_but_one(run, lenient.before, lenient.after, self.consistency):
+            self.strict = copy.deepcopy(self.lenient)
+            self.strict.consistency = self.consistency
+            return lenient
+        self.lenient = self._without_consistency(self.strict)  # a burst: as strict judged it
+        return None
+
+
+def consistent_but_one(run: list[float], before: float, after: float, consistency: float) -> bool:
+    """A confirmed run is a new level when, its sample farthest from ``after`` (the run's
+    median) set aside, its spread is at most ``consistency`` times the step."""
+    values = [v for v in run if math.isfinite(v)]
+    if len(values) >= 3:
+        values.remove(max(values, key=lambda v: abs(v - after)))
+    if not values:
+        return False
+    return max(values) - min(values) <= consistency * abs(after - before)
+
+
 @dataclass
 class Track:
     """One series: its detector, its recent samples and its forecast state."""
 
     rule: Rule
-    detector: OnlineDetector
+    detector: AlertDetector
     samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))
     times: dict[int, float] = field(default_factory=dict)  # detector index → time
     count: int = 0
@@ -238,7 +304,7 @@ class AlertWatcher:
         track = self.tracks.get(key)
         if track is not None:
             return track
-        track = Track(rule, OnlineDetector(**rule.detector))  # type: ignore[arg-type]
+        track = Track(rule, AlertDetector(**rule.detector))
         self.tracks[key] = track
         past = list(
             self.archive.results(
@@ -295,6 +361,12 @@ class AlertWatcher:
         except Exception:  # attribution is a best effort: the alert itself must not be lost
             log.exception("could not attribute the change of %s %s", target, rule.metric)
             cause, details = "unknown", {"error": "attribution failed; see the monitor's log"}
+        if cause == "route":
+            # A sample just before the switch can look like the new level (a spike the size of
+            # the step); the traceroute says when the route changed: the step is placed there.
+            last_before_t, change_t = at_route_change(
+                list(track.samples), change_t, details["route"]["first_after_at"]
+            )
         details["samples_to_alert"] = (
             (cp.alert_index - cp.index + 1) if cp.alert_index is not None else None
         )
@@ -350,6 +422,24 @@ def step_at(samples: list[tuple[float, float]], change_t: float) -> tuple[float,
         if c < best_cost:
             best, best_cost = split, c
     return (times[best - 1] if best > 0 else times[best]), times[best]
+
+
+def at_route_change(
+    samples: list[tuple[float, float]], change_t: float, route_at: str
+) -> tuple[float, float]:
+    """(last sample before, first at or after) the first traceroute on the new route, when
+    that sample is within REFINE_BACK samples of ``change_t``; else the step stays put."""
+    times = [t for t, _v in samples]
+    if change_t not in times:
+        return change_t, change_t
+    p = times.index(change_t)
+    spacing = float(np.median(np.diff(times[-21:]))) if len(times) > 1 else 0.0
+    # Ping and traceroute of one cycle start together (the traceroute may start first).
+    route_t = datetime.fromisoformat(route_at).timestamp() - spacing / 2
+    for q in range(max(1, p - REFINE_BACK), min(len(times), p + REFINE_BACK + 1)):
+        if times[q - 1] < route_t <= times[q]:
+            return times[q - 1], times[q]
+    return (times[p - 1] if p > 0 else change_t), change_t
 
 
 def metric_series(

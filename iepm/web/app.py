@@ -39,7 +39,7 @@ from iepm.web.pages.aggregate import VIEWS
 from iepm.web.pages.overview import UNUSUAL
 from iepm.web.places import Place
 from iepm.web.queries import Queries
-from iepm.web.tables import cell_text, human
+from iepm.web.tables import cell_text, human, shown_cells
 
 
 def create_app(
@@ -61,6 +61,7 @@ def create_app(
         human=human,
         age=age,
         cell=cell_text,
+        shown_cells=shown_cells,
         views=VIEWS,
         at=at,
         unusual_share=UNUSUAL,

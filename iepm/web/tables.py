@@ -97,20 +97,76 @@ def cell_text(value: Any) -> str:
     return str(value)
 
 
+# Units read from a column's name: its last or second-to-last word ("rtt_avg_ms",
+# "throughput_bps_max"); names with none ("count", "success_rate") stay plain numbers.
+UNIT_WORDS = ("bps", "ms", "s", "bytes", "percent")
+# Columns in the unit of their row's metric ("ping.rtt_avg_ms"), in tables with a metric column.
+IN_METRIC_UNIT = frozenset(
+    ("value", "before", "after", "reference", "median", "p25", "p75", "iqr", "mean", "stdev")
+)
+
+
+def unit_word(name: str) -> str | None:
+    words = name.rsplit(".", 1)[-1].split("_")
+    return next((w for w in reversed(words[-2:]) if w in UNIT_WORDS), None)
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, never in exponent form: 94.3, 0.1, 1480."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    decimals = min(6, max(0, digits - 1 - math.floor(math.log10(abs(value)))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _scaled(value: float, steps: tuple[tuple[float, str], ...], base: str) -> str:
+    for scale, unit in steps:
+        if abs(value) >= scale:
+            return f"{significant(value / scale)} {unit}"
+    return f"{significant(value)} {base}"
+
+
 def human(value: float | None, name: str) -> str:
-    """Short text for a grid cell by the unit in the metric's name: 941 Mbit/s, 40.5 ms."""
+    """A number as people read it, by the unit in its name: 94.3 Mbit/s, 12.4 ms, 0.1 %,
+    4 MiB; a name without a unit gives the number to 4 significant digits."""
     if value is None or not math.isfinite(value):
         return "–"
-    if name.endswith("_bps"):
-        for scale, unit in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g} {unit}"
-        return f"{value:.3g} bit/s"
-    if name.endswith("_ms"):
-        return f"{value:.3g} ms"
-    if name.endswith("_percent"):
-        return f"{value:.2g} %"
-    return f"{value:.4g}"
+    unit = unit_word(name)
+    if unit == "bps":
+        return _scaled(value, ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")), "bit/s")
+    if unit == "bytes":
+        return _scaled(value, ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")), "B")
+    if unit == "s":
+        # Ages of hours read better in hours (from 2 h), of days in days (from 2 d).
+        for divisor, word in ((86400.0, "d"), (3600.0, "h")):
+            if abs(value) >= 2 * divisor:
+                return f"{significant(value / divisor)} {word}"
+        return f"{significant(value)} s"
+    if unit == "ms":
+        return f"{significant(value)} ms"
+    if unit == "percent":
+        return f"{significant(value)} %"
+    return significant(value, 4)
+
+
+def shown_cells(table: Table, row: tuple[Any, ...]) -> list[tuple[str, str | None]]:
+    """A row's cells as a page shows them: (text, raw) where a number with a unit is written
+    for people ("94.3 Mbit/s") and ``raw`` is the download's text of it (None when the page
+    writes the download's text itself)."""
+    names = [c.name for c in table.columns]
+    where = names.index("metric") if "metric" in names else len(row)
+    metric = row[where] if where < len(row) else None
+    out: list[tuple[str, str | None]] = []
+    for i, value in enumerate(row):
+        name = names[i] if i < len(names) else ""  # a row is its columns (plain rows unchecked)
+        unit_of = metric if name in IN_METRIC_UNIT and isinstance(metric, str) else name
+        number = isinstance(value, int | float | np.number) and not isinstance(value, bool)
+        if number and unit_word(unit_of) is not None and math.isfinite(float(value)):
+            out.append((human(float(value), unit_of), _cell(value, verbatim)))
+        else:
+            out.append((cell_text(value), None))
+    return out
 
 
 class Series(NamedTuple):
@@ -139,6 +195,9 @@ class Chart:
     note: str = ""
     # Per-x figures a kind of chart needs beyond its series (the smoke chart's loss).
     extra: dict[str, list[float | None]] = field(default_factory=dict)
+    # Time charts of one page with the same ``sync`` share one time axis: stacked, one zoom,
+    # one cursor (None: a chart on a scale of its own, as a year of weekly means).
+    sync: str | None = "window"
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -155,6 +214,7 @@ class Chart:
                 for s in self.series
             ],
             "xLabel": self.x_label,
+            "sync": self.sync if self.kind in ("time", "smoke") else None,
             "events": self.events,
             "alerts": [{"t": t, "label": label} for t, label in self.alerts],
             "outages": [{"from": a, "to": b, "reason": why} for a, b, why in self.outages],

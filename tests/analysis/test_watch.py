@@ -487,3 +487,100 @@ def test_the_demo_scenario_gives_one_alert_per_event_with_its_cause_within_3_cyc
         assert (alert.direction, alert.cause) == (direction, cause), alert.summary
         assert cycles[cycle] <= alert.change_at < cycles[cycle + 1]
         assert alert.details["samples_to_alert"] <= 3
+
+
+def _spiked(
+    results: list[Result], rng: np.random.Generator, rate: float, forced: dict[str, float]
+) -> list[Result]:
+    """RTT spikes on the pings of a cycle: each with probability ``rate`` (+10 to 60 ms: a run
+    with delayed packets), and ``forced`` (target → ms) on top."""
+    for r in results:
+        if r.probe == "ping" and r.succeeded:
+            extra = forced.get(r.target, 0.0)
+            if rng.random() < rate:
+                extra += float(rng.uniform(10, 60))
+            r.data["rtt_avg_ms"] += extra
+    return results
+
+
+def _run_scenario(
+    tmp_path: Path, seed: int, rate: float, forced: dict[int, dict[str, float]]
+) -> tuple[list[datetime], dict[str, int], list[Any]]:
+    rng = np.random.default_rng(seed)
+    events = {"switch": 30, "step": 40, "down": 50}
+    start = datetime(2026, 11, 24, 20, 0, tzinfo=UTC)
+    cycles = [start + timedelta(seconds=30 * i) for i in range(60)]
+    with Archive.open(f"sqlite:///{tmp_path}/a.db") as archive:
+        watcher = AlertWatcher(archive, "mon")
+        for i, when in enumerate(cycles):
+            cycle = _scenario_cycle(rng, when, i, events)
+            feed(archive, watcher, _spiked(cycle, rng, rate, forced.get(i, {})))
+        return cycles, events, load_alerts(archive)
+
+
+def _assert_one_alert_per_event(
+    cycles: list[datetime], events: dict[str, int], stored: list[Any]
+) -> None:
+    found = {(a.target, a.metric): a for a in stored}
+    assert len(stored) == 3, [a.summary for a in stored]  # none in the calm 30 cycles either
+    expected = {
+        ("cern", "rtt_avg_ms"): (events["switch"], "up", "route"),
+        ("fnal", "throughput_bps"): (events["step"], "down", "unknown"),
+        ("ihep", "loss_percent"): (events["down"], "up", "unknown"),
+    }
+    for key, (cycle, direction, cause) in expected.items():
+        alert = found[key]
+        assert (alert.direction, alert.cause) == (direction, cause), alert.summary
+        assert cycles[cycle] <= alert.change_at < cycles[cycle + 1], alert.summary
+        assert alert.details["samples_to_alert"] <= 3
+
+
+@pytest.mark.parametrize(
+    "spikes",
+    [
+        # docs/target.png's demo run: 148 → 280 ms (the switch's own cycle), 192, 192, 250.
+        {30: 88.0, 33: 58.0},
+        # Spikes on the 2nd and 5th samples, and one the size of the step just before it.
+        {29: 46.0, 31: 45.0, 34: 40.0},
+    ],
+)
+def test_two_rtt_spikes_after_the_route_switch_do_not_delay_its_alert(
+    tmp_path: Path, spikes: dict[int, float]
+) -> None:
+    """The demo runs the previous note saw: two spikes three samples apart on cern's new level
+    made every 3-sample run as wide as the step, and the detector confirmed it cycles late
+    (cause unknown: its traceroute was out of reach). One spike among the three is set aside
+    now: the alert comes at the third sample of the new level, placed at the switch."""
+    forced = {cycle: {"cern": ms} for cycle, ms in spikes.items()}
+    cycles, events, stored = _run_scenario(tmp_path, 9, 0.0, forced)
+    _assert_one_alert_per_event(cycles, events, stored)
+    cern = next(a for a in stored if a.target == "cern")
+    assert cern.detected_at is not None and cern.details["samples_to_alert"] == 3
+
+
+# Seeds never used while the fix was made (it was developed on seeds 0-39).
+@pytest.mark.parametrize("seed", [2026, 4711, 8191, 65537, 99991])
+def test_the_demo_scenario_with_random_rtt_spikes_on_unseen_seeds(
+    tmp_path: Path, seed: int
+) -> None:
+    """5 % of all pings spiked by 10-60 ms (isolated delayed runs), on seeds not tuned on:
+    still one alert per event, at its cycle, within 3 samples, and none in the calm period."""
+    cycles, events, stored = _run_scenario(tmp_path, seed, 0.05, {})
+    _assert_one_alert_per_event(cycles, events, stored)
+
+
+def test_a_route_caused_step_moves_to_the_route_change_only_when_near() -> None:
+    from iepm.analysis.watch import at_route_change
+
+    samples = [(30.0 * i + 8, 148.0) for i in range(20)]  # pings 8 s into each cycle
+    at = datetime.fromtimestamp  # the traceroute starts at the cycle's start
+
+    def route(cycle: int) -> str:
+        return at(30.0 * cycle, UTC).isoformat()
+
+    change = samples[12][0]
+    assert at_route_change(samples, change, route(13)) == (samples[12][0], samples[13][0])
+    assert at_route_change(samples, change, route(10)) == (samples[9][0], samples[10][0])
+    # Further than REFINE_BACK samples away, or after the change's window: left where it was.
+    assert at_route_change(samples, change, route(2)) == (samples[11][0], change)
+    assert at_route_change(samples, change, route(19)) == (samples[11][0], change)

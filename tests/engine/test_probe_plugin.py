@@ -156,8 +156,7 @@ def test_before_registration_the_table_is_unknown(tmp_path: Path) -> None:
         load_config_text(targets_toml(tmp_path, 80), Path("targets.toml"))
     known = ", ".join(sorted(PROBES))
     assert set(str(caught.value).splitlines()) == {
-        "targets.toml:10: targets[0].probes: Value error, unknown probe 'tcpconnect' (known: "
-        f"{known})",
+        f"targets.toml:10: targets[0].probes: unknown probe 'tcpconnect' (known: {known})",
         "targets.toml:11: targets[0].tcpconnect: [targets.tcpconnect] is neither a target "
         f"setting nor a probe's table (probes: {known})",
     }

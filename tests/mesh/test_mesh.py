@@ -151,11 +151,11 @@ BAD = [
     ),
     (
         '[[tests]]\nname = "t"\nprobes = ["ping"]\nshape = "disjoint"\na = ["a"]\n',
-        ":16: tests[0]: Value error, shape = 'disjoint' needs b",
+        ":16: tests[0]: shape = 'disjoint' needs b",
     ),
     (
         '[[tests]]\nname = "t"\nprobes = ["pong"]\n',
-        ":18: tests[0].probes: Value error, unknown probe 'pong'",
+        ":18: tests[0].probes: unknown probe 'pong'",
     ),
     (
         '[[tests]]\nname = "t"\nprobes = ["ping"]\n[[tests]]\nname = "u"\nprobes = ["ping"]\n'
@@ -164,11 +164,11 @@ BAD = [
     ),
     (
         '[[hosts]]\nname = "a.b"\naddress = "198.18.0.9"\n',
-        ":17: hosts[4].name: Value error, host names are 1-48 letters",
+        ":17: hosts[4].name: host names are 1-48 letters",
     ),
     (
         '[[hosts]]\nname = "e"\n',
-        ":16: hosts[4]: Value error, give either address or addresses",
+        ":16: hosts[4]: give either address or addresses",
     ),
     (
         '[[hosts]]\nname = "a"\naddress = "198.18.0.9"\n',
@@ -176,7 +176,7 @@ BAD = [
     ),
     (
         '[[tests]]\nname = "t"\nprobes = ["ping"]\n[tests.iperf3]\nstreams = 2\n',
-        ":16: tests[0]: Value error, [tests.iperf3] is given but iperf3 is not in probes",
+        ":16: tests[0]: [tests.iperf3] is given but iperf3 is not in probes",
     ),
     (
         '[defaults.iperf3]\nduration_s = 5000\n[[tests]]\nname = "t"\nprobes = ["iperf3"]\n',
@@ -188,7 +188,7 @@ BAD = [
     ),
     (
         '[[tests]]\nname = "t"\nprobes = ["ping"]\nparams = {}\n',
-        ":16: tests[0]: Value error, params: unknown field",
+        ":16: tests[0]: params: unknown field",
     ),
     (
         "[monitor]\ncycle_interval_s = 0\n",

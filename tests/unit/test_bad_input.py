@@ -118,18 +118,18 @@ def test_validate_refuses_monitor_names_and_archive_urls_that_cannot_work(
 ) -> None:
     long_name = "a" * 100_000
     cases = {
-        'name = "a\\nb"': "2: monitor.name: Value error, monitor names are",
-        'name = "../x"': "2: monitor.name: Value error, monitor names are",
-        f'name = "{long_name}"': "2: monitor.name: Value error, monitor names are",
-        'archive = "mysql://x/y"': "2: monitor.archive: Value error, names an unsupported database",
-        'archive = "postgresql+nodriver://h/db"': "2: monitor.archive: Value error, names an "
+        'name = "a\\nb"': "2: monitor.name: monitor names are",
+        'name = "../x"': "2: monitor.name: monitor names are",
+        f'name = "{long_name}"': "2: monitor.name: monitor names are",
+        'archive = "mysql://x/y"': "2: monitor.archive: names an unsupported database",
+        'archive = "postgresql+nodriver://h/db"': "2: monitor.archive: names an "
         "unknown database driver",
-        'archive = "postgresql+asyncpg://h/db"': "2: monitor.archive: Value error, driver "
+        'archive = "postgresql+asyncpg://h/db"': "2: monitor.archive: driver "
         "'asyncpg' is asynchronous",
-        'archive = "sqlite://"': "2: monitor.archive: Value error, an SQLite archive URL must",
-        'archive = "sqlite:///:memory:"': "2: monitor.archive: Value error, an SQLite archive",
-        'archive = "not a url"': "2: monitor.archive: Value error, not a database URL",
-        'archive = "sqlite:///a\\n.db"': "2: monitor.archive: Value error, the archive URL "
+        'archive = "sqlite://"': "2: monitor.archive: an SQLite archive URL must",
+        'archive = "sqlite:///:memory:"': "2: monitor.archive: an SQLite archive",
+        'archive = "not a url"': "2: monitor.archive: not a database URL",
+        'archive = "sqlite:///a\\n.db"': "2: monitor.archive: the archive URL "
         "contains a control character",
     }
     for line, expected in cases.items():

@@ -75,11 +75,11 @@ def error_for(text: str, tmp_path: Path) -> str:
         ),
         (
             ('name = "fnal-1"', 'name = "cern-1"'),
-            "targets.toml: (top level): Value error, duplicate target name 'cern-1'",
+            "targets.toml: (top level): duplicate target name 'cern-1'",
         ),
         (
             ('address = "198.18.3.2"', 'address = "not an address!"'),
-            "targets.toml:10: targets[0].address: Value error, not an IP address or host name",
+            "targets.toml:10: targets[0].address: not an IP address or host name",
         ),
         (
             ("duration_s = 10", "duration_s = -3"),
@@ -108,7 +108,7 @@ def test_rejections_name_file_line_and_field(
 def test_unknown_probe_is_rejected(tmp_path: Path) -> None:
     text = VALID.replace('address = "198.18.3.2"', 'address = "198.18.3.2"\nprobes = ["pnig"]')
     message = error_for(text, tmp_path)
-    assert "targets.toml:11: targets[0].probes: Value error, unknown probe 'pnig'" in message
+    assert "targets.toml:11: targets[0].probes: unknown probe 'pnig'" in message
 
 
 def test_not_toml_says_so(tmp_path: Path) -> None:
@@ -119,3 +119,33 @@ def test_not_toml_says_so(tmp_path: Path) -> None:
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.toml")
+
+
+def test_a_validator_message_reads_without_pydantic_prefix() -> None:
+    """A validator's ValueError is the whole message, in a file's error and in an option's one
+    line (pydantic words it "Value error, ..."; people act on the text after it)."""
+    from pydantic import BaseModel, ValidationError, field_validator
+
+    from iepm.cliglue import explain
+    from iepm.errors import ExitCode
+
+    class Shape(BaseModel):
+        sides: int
+
+        @field_validator("sides")
+        @classmethod
+        def _polygon(cls, v: int) -> int:
+            if v < 3:
+                raise ValueError("a polygon has 3 sides or more")
+            return v
+
+    with pytest.raises(ValidationError) as caught:
+        Shape(sides=2)
+    assert explain(caught.value) == (
+        "invalid value: sides: a polygon has 3 sides or more (got 2)",
+        ExitCode.USAGE,
+    )
+    text = "[monitor]\nname = 'a/b'\n"
+    with pytest.raises(ConfigError) as error:
+        load_config_text(text, Path("t.toml"))
+    assert str(error.value).startswith("t.toml:2: monitor.name: monitor names are")

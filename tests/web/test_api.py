@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from iepm.export import format_number
 from iepm.results import Result, format_time
 from iepm.store import Archive
+from iepm.web.tables import human
 from tests.web import data
 from tests.web.conftest import LOOPBACK
 
@@ -194,8 +195,13 @@ def test_target_statistics_equal_independent_ones(client: TestClient, archive: A
         row = rows[metric]
         for name, value in expected.items():
             assert row[name] == format_number(float(value)) or row[name] == str(value), name
-            # The page shows the very same cells.
-            assert f"<td>{row[name]}</td>" in page
+            # The page shows the very same numbers: those in the metric's unit written for
+            # people, with the download's text on the cell; counts as they are.
+            shown = human(float(row[name]), metric) if name != "count" else None
+            cell = (
+                f'<td data-value="{row[name]}">{shown}</td>' if shown else f"<td>{row[name]}</td>"
+            )
+            assert cell in page, cell
     runs = list(archive.results(probe="iperf3", target="kek-3", since=WINDOW, until=data.END))
     kek = {r["metric"]: r for r in csv_rows(client, f"/targets/kek-3/tables/stats?until={END}")}
     rate = sum(r.succeeded for r in runs) / len(runs)

@@ -25,6 +25,7 @@ from iepm.lab.testing import lab_unavailable, unique_lab_name
 from iepm.results import Result
 from iepm.store import Archive
 from iepm.web.server import serve_in_background
+from iepm.web.tables import human
 from tests.helpers import free_port
 from tests.web.browser import PAINTED, series_count, shoot
 
@@ -80,11 +81,23 @@ def lab_run(tmp_path_factory: pytest.TempPathFactory, _stale_labs_swept: Any) ->
         handle.stop()
 
 
-def page_rows(page: Any, table: str) -> list[dict[str, str]]:
+def page_cells(page: Any, table: str) -> list[dict[str, tuple[str, str | None]]]:
+    """A page table's rows: per column the text shown and the raw value the cell carries
+    (``data-value``: the download's text of a number written for people; None elsewhere)."""
     heads = page.locator(f"#table-{table} thead th").all_inner_texts()
+    rows = page.evaluate(
+        "t => [...document.querySelectorAll(`#table-${t} tbody tr`)].map(tr =>"
+        " [...tr.cells].map(td => [td.innerText, td.dataset.value ?? null]))",
+        table,
+    )
+    return [{h: (text, raw) for h, (text, raw) in zip(heads, row, strict=True)} for row in rows]
+
+
+def page_rows(page: Any, table: str) -> list[dict[str, str]]:
+    """A page table's rows as its download has them: each cell's raw value, else its text."""
     return [
-        dict(zip(heads, row.locator("td").all_inner_texts(), strict=True))
-        for row in page.locator(f"#table-{table} tbody tr").all()
+        {h: text if raw is None else raw for h, (text, raw) in row.items()}
+        for row in page_cells(page, table)
     ]
 
 
@@ -156,9 +169,17 @@ def test_target_page_charts_route_change_and_zoom(lab_run: LabRun, page: Any) ->
     stats = {r["metric"]: r for r in page_rows(page, "stats")}
     rtts = [r.data["rtt_avg_ms"] for r in lab_run.of("ping", "cern") if r.succeeded]
     assert stats["ping.rtt_avg_ms"]["median"] == format_number(statistics.median(rtts))
+    # Shown for people ("20.4 ms", "38.1 Mbit/s"), the raw number on the cell.
+    shown = {r["metric"][0]: r for r in page_cells(page, "stats")}
+    assert shown["ping.rtt_avg_ms"]["median"] == (
+        human(statistics.median(rtts), "rtt_avg_ms"),
+        format_number(statistics.median(rtts)),
+    )
     assert stats["ping.rtt_avg_ms"]["count"] == str(len(rtts))
     thr = [r.data["throughput_bps"] for r in lab_run.of("iperf3", "cern") if r.succeeded]
     assert stats["iperf3.throughput_bps"]["mean"] == format_number(statistics.fmean(thr))
+    assert shown["iperf3.throughput_bps"]["mean"][0] == human(statistics.fmean(thr), "x_bps")
+    assert shown["iperf3.throughput_bps"]["mean"][0].endswith(" Mbit/s")
     shoot(page, "lab-target")
     chart = "window.iepmCharts.throughput.scales.x"
     before = page.evaluate(f"[{chart}.min, {chart}.max]")

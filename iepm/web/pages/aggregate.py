@@ -146,6 +146,7 @@ def weekly(q: Queries, target: str, monitor: str | None, now: datetime) -> tuple
             for axis, m in enumerate(drawn, start=1)
         ],
         table.name,
+        sync="year",  # a year's scale of its own, below the window's charts
     )
     return table, chart
 

@@ -23,7 +23,8 @@
   // Time axis ticks: hours within a day, the date where a day starts (and on the first tick).
   function timeTicks(u, splits, axis, space, incr) {
     return splits.map((t, i) => {
-      const s = iso(t);
+      // Ticks under a minute apart (a zoomed hour) need their seconds to differ.
+      const s = incr < 60 ? new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ") : iso(t);
       if (incr >= 86400) return (i === 0 || s.slice(5, 10) === "01-01") ? s.slice(0, 10) : s.slice(5, 10);
       return (i === 0 || s.slice(11) === "00:00") ? s.slice(0, 10) + "\n" + s.slice(11) : s.slice(11);
     });
@@ -104,6 +105,78 @@
     };
   }
 
+  // Stacked time scales: the time charts of a page (spec.sync names their group) are drawn one
+  // below the other on one time axis. They share the hover cursor, a zoom on one zooms all,
+  // a double-click on any shows the whole span again, and their plot areas line up (every
+  // chart gets as many right-hand axes as the one with most; unused ones are blank).
+  const groups = {};  // sync key -> { charts: [uPlot], full: [min, max], rightAxes: n }
+  let syncing = false;
+  const AXIS_SIZE = 60;
+
+  function rightAxes(spec) {
+    if (spec.kind === "smoke") return 0;
+    return new Set(spec.series.map(s => s.axis || 1).filter(a => a !== 1)).size;
+  }
+
+  function plan(specs) {
+    for (const spec of specs) {
+      if (!spec.sync || (spec.kind !== "time" && spec.kind !== "smoke")) continue;
+      const g = groups[spec.sync] || (groups[spec.sync] = { charts: [], full: null, rightAxes: 0 });
+      g.rightAxes = Math.max(g.rightAxes, rightAxes(spec));
+      const xs = spec.x.filter(v => v != null);
+      if (!xs.length) continue;
+      const lo = Math.min(...xs), hi = Math.max(...xs);
+      g.full = g.full ? [Math.min(g.full[0], lo), Math.max(g.full[1], hi)] : [lo, hi];
+    }
+  }
+
+  // Joins a chart's options to its group: shared cursor, padding axes, linked zoom.
+  function share(spec, opts) {
+    const g = spec.sync && groups[spec.sync];
+    if (!g) return null;
+    opts.cursor.sync = { key: "iepm-" + spec.sync, setSeries: false };
+    // The group's span is the axis: a chart's own one-run range is not kept.
+    if (g.full && g.full[0] < g.full[1] && opts.scales.x) delete opts.scales.x.range;
+    for (let n = rightAxes(spec); n < g.rightAxes; n++) {
+      opts.axes.push({ scale: opts.axes[1].scale || "y", side: 1, label: " ", size: AXIS_SIZE,
+                       grid: { show: false }, ticks: { show: false },
+                       values: (u, vals) => vals.map(() => "") });
+    }
+    opts.hooks = opts.hooks || {};
+    opts.hooks.setScale = [(u, key) => {
+      if (key !== "x" || syncing) return;
+      syncing = true;
+      try {
+        for (const o of g.charts) {
+          if (o !== u) o.setScale("x", { min: u.scales.x.min, max: u.scales.x.max });
+        }
+      } finally {
+        syncing = false;
+      }
+    }];
+    // A zoomed chart is being read: auto-refresh waits while any chart of the group is zoomed.
+    opts.hooks.setSelect = [u => {
+      if (u.select.width > 0) g.charts.forEach(o => { o.iepmZoomed = true; });
+    }];
+    return g;
+  }
+
+  function joined(g, u) {
+    if (!g) return;
+    g.charts.push(u);
+    if (g.full && g.full[0] < g.full[1]) {
+      // Start on the whole span of the group, not each chart's own.
+      syncing = true;
+      u.setScale("x", { min: g.full[0], max: g.full[1] });
+      syncing = false;
+    }
+    u.over.addEventListener("dblclick", () => {
+      if (!g.full || !(g.full[0] < g.full[1])) return;
+      g.charts.forEach(o => { o.iepmZoomed = false; });
+      u.setScale("x", { min: g.full[0], max: g.full[1] });
+    });
+  }
+
   // Smokeping's colours for a run's loss, drawn on its median.
   function lossColor(loss) {
     if (loss == null) return "#777";
@@ -160,15 +233,17 @@
       bands: bands,
       legend: { show: true },
       axes: [{ label: spec.xLabel, stroke: "#333", values: timeTicks, space: 70 },
-             { stroke: "#333", values: (u, vals) => vals.map(si), size: 60 }],
+             { stroke: "#333", label: "", values: (u, vals) => vals.map(si), size: AXIS_SIZE }],
       scales: { x: { time: true } },
       cursor: { drag: { x: true, y: false, setScale: true } },
       tzDate: ts => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
       plugins: [eventLines([], [], spec.outages || [], reasonEl), dots],
     };
     opts.hooks = { setSelect: [u => { if (u.select.width > 0) u.iepmZoomed = true; }] };
+    const group = share(spec, opts);
     const u = new uPlot(opts, [spec.x, ...spec.series.map(s => s.values)], el);
     u.over.addEventListener("dblclick", () => { u.iepmZoomed = false; });
+    joined(group, u);
     charts[spec.id] = u;
     return u;
   }
@@ -219,7 +294,7 @@
         scales[scale] = scatterPlot ? { range: fromZero } : {};
         axes.push({ scale: scale, label: axis === 1 ? "" : s.label, side: axis === 1 ? 3 : 1,
                     grid: { show: axis === 1 }, stroke: axis === 1 ? "#333" : colors[i % colors.length],
-                    values: (u, vals) => vals.map(si), size: 60 });
+                    values: (u, vals) => vals.map(si), size: AXIS_SIZE });
       }
     });
     const opts = {
@@ -236,8 +311,10 @@
     const data = [spec.x, ...spec.series.map(s => s.values)];
     // A zoomed chart is being read: auto-refresh waits until it is zoomed out (double-click).
     opts.hooks = { setSelect: [u => { if (u.select.width > 0) u.iepmZoomed = true; }] };
+    const group = share(spec, opts);
     const u = new uPlot(opts, data, el);
     u.over.addEventListener("dblclick", () => { u.iepmZoomed = false; });
+    joined(group, u);
     charts[spec.id] = u;
     return u;
   }
@@ -266,8 +343,11 @@
     }
   }
 
-  document.querySelectorAll("script.chart-spec").forEach(node => {
-    const spec = JSON.parse(node.textContent);
+  const nodes = [...document.querySelectorAll("script.chart-spec")];
+  const specs = nodes.map(node => JSON.parse(node.textContent));
+  plan(specs);
+  nodes.forEach((node, i) => {
+    const spec = specs[i];
     const el = document.getElementById(node.dataset.target);
     try {
       build(spec, el);
