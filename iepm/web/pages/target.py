@@ -23,8 +23,8 @@ from iepm.probes import PROBES, all_metrics
 from iepm.probes.base import Metric
 from iepm.web.health import run_value
 from iepm.web.pages.aggregate import weekly
-from iepm.web.pages.predict import forecast_panel
 from iepm.web.pages.flows import target_passive
+from iepm.web.pages.predict import forecast_panel
 from iepm.web.queries import Frame, Queries, latest_document
 from iepm.web.tables import (
     HISTORY,
