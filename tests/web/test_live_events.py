@@ -170,6 +170,22 @@ def test_published_samples_reach_an_open_stream_filtered(
     assert stream.of("samples")[-1]["id"].split(".")[0] == str(newest)
 
 
+def test_a_stream_sends_only_the_targets_asked_for(
+    archive: Archive, served: ServerHandle, events: Callable[..., Events]
+) -> None:
+    stream = events(served.url + "live/events?probe=ping&targets=b,c")
+    assert until(lambda: stream.of("running")), stream.failure
+    now_s = time.time()
+    live.publish(
+        archive, "mon", [LiveSample("a", "ping", "rtt_ms", now_s, 1.0),
+                         LiveSample("b", "interface", "rx_mbps", now_s, 2.0),
+                         LiveSample("b", "ping", "rtt_ms", now_s, 3.0),
+                         LiveSample("c", "ping", "rtt_ms", now_s, 4.0)]
+    )  # fmt: skip
+    assert until(lambda: len(stream.samples()) >= 2), stream.failure
+    assert [(row[1], row[5]) for row in stream.samples()] == [("b", 3.0), ("c", 4.0)]
+
+
 def test_a_reconnect_resumes_after_the_last_event_id(
     archive: Archive, served: ServerHandle, events: Callable[..., Events]
 ) -> None:
