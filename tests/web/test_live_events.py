@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from iepm.probes import ping
@@ -287,6 +288,7 @@ def test_postgresql_notify_wakes_the_stream_without_polling(
     # The hub's own check comes every hour here: only the NOTIFY can bring the sample.
     monkeypatch.setattr(web_live, "PG_CHECK_S", 3600.0)
     monkeypatch.setattr(web_live, "RESULTS_POLL_S", 3600.0)
+    monkeypatch.setattr(web_live, "PG_RETRY_S", 0.2)
     name = f"iepm_live_{uuid.uuid4().hex[:12]}"
     url = pg_server.create_database(name)
     try:
@@ -299,6 +301,17 @@ def test_postgresql_notify_wakes_the_stream_without_polling(
                 live.publish(archive, "mon", [LiveSample("a", "ping", "rtt_ms", time.time(), 7.0)])
                 assert until(lambda: stream.samples()), stream.failure
                 assert stream.samples()[0][5] == 7.0
+                # The listening connection dies (a server restart, a killed backend): the hub
+                # reconnects, and a sample published meanwhile still arrives.
+                with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as admin:
+                    killed = admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE query = %s", (f"LISTEN {live.CHANNEL}",)
+                    ).fetchall()  # fmt: skip
+                assert killed == [(True,)]
+                live.publish(archive, "mon", [LiveSample("a", "ping", "rtt_ms", time.time(), 8.0)])
+                assert until(lambda: len(stream.samples()) >= 2), stream.failure
+                assert stream.samples()[1][5] == 8.0
             finally:
                 handle.stop()
     finally:
