@@ -214,11 +214,7 @@ class Hub:
         self._wake()
 
     async def _refresh_running(self) -> None:
-        now = [
-            {"monitor": r.monitor, "probe": r.probe, "target": r.target, "params": r.params,
-             "started_s": r.started_s}
-            for r in await self._read(live.running, self.archive)
-        ]  # fmt: skip
+        now = live_pages.running_rows(await self._read(live.running, self.archive))
         if now != self.running:
             self.running = now
             self.running_generation += 1

@@ -156,9 +156,12 @@ def test_interface_page_shows_rates_and_the_test_running_now(
     page.wait_for_function(
         "document.querySelector(\"#running tr[data-target='cern']\") !== null", timeout=30_000
     )
+    live.publish(archive, "mon", [LiveSample("cern", "ping", "rtt_ms", time.time(), 151.0)])
+    rtt_cell = "#running tr[data-target='cern'] td:nth-child(6)"
+    page.wait_for_function(f"document.querySelector(\"{rtt_cell}\").textContent === '151'")
     cells = page.locator("#running tr[data-target='cern'] td").all_inner_texts()
-    assert cells[0:2] == ["cern", "iperf3"]
-    assert cells[3:5] == ["1048576", "4"]
+    assert cells[0:2] == ["cern", "iperf3"]  # target, tool
+    assert cells[3:6] == ["1048576", "4", "151"]  # window, streams, RTT ms
     labels = page.evaluate("window.iepmLive.charts.iface.u.series.map(s => s.label)")
     assert labels == ["time (UTC)", "eth0 rx_mbps", "eth0 tx_mbps"]
     rx = page.evaluate("window.iepmLive.charts.iface.u.data[1].filter(v => v !== undefined)")

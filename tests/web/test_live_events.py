@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from iepm.probes import ping
@@ -170,6 +171,22 @@ def test_published_samples_reach_an_open_stream_filtered(
     assert stream.of("samples")[-1]["id"].split(".")[0] == str(newest)
 
 
+def test_a_stream_sends_only_the_targets_asked_for(
+    archive: Archive, served: ServerHandle, events: Callable[..., Events]
+) -> None:
+    stream = events(served.url + "live/events?probe=ping&targets=b,c")
+    assert until(lambda: stream.of("running")), stream.failure
+    now_s = time.time()
+    live.publish(
+        archive, "mon", [LiveSample("a", "ping", "rtt_ms", now_s, 1.0),
+                         LiveSample("b", "interface", "rx_mbps", now_s, 2.0),
+                         LiveSample("b", "ping", "rtt_ms", now_s, 3.0),
+                         LiveSample("c", "ping", "rtt_ms", now_s, 4.0)]
+    )  # fmt: skip
+    assert until(lambda: len(stream.samples()) >= 2), stream.failure
+    assert [(row[1], row[5]) for row in stream.samples()] == [("b", 3.0), ("c", 4.0)]
+
+
 def test_a_reconnect_resumes_after_the_last_event_id(
     archive: Archive, served: ServerHandle, events: Callable[..., Events]
 ) -> None:
@@ -271,6 +288,7 @@ def test_postgresql_notify_wakes_the_stream_without_polling(
     # The hub's own check comes every hour here: only the NOTIFY can bring the sample.
     monkeypatch.setattr(web_live, "PG_CHECK_S", 3600.0)
     monkeypatch.setattr(web_live, "RESULTS_POLL_S", 3600.0)
+    monkeypatch.setattr(web_live, "PG_RETRY_S", 0.2)
     name = f"iepm_live_{uuid.uuid4().hex[:12]}"
     url = pg_server.create_database(name)
     try:
@@ -283,6 +301,17 @@ def test_postgresql_notify_wakes_the_stream_without_polling(
                 live.publish(archive, "mon", [LiveSample("a", "ping", "rtt_ms", time.time(), 7.0)])
                 assert until(lambda: stream.samples()), stream.failure
                 assert stream.samples()[0][5] == 7.0
+                # The listening connection dies (a server restart, a killed backend): the hub
+                # reconnects, and a sample published meanwhile still arrives.
+                with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as admin:
+                    killed = admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE query = %s", (f"LISTEN {live.CHANNEL}",)
+                    ).fetchall()  # fmt: skip
+                assert killed == [(True,)]
+                live.publish(archive, "mon", [LiveSample("a", "ping", "rtt_ms", time.time(), 8.0)])
+                assert until(lambda: len(stream.samples()) >= 2), stream.failure
+                assert stream.samples()[1][5] == 8.0
             finally:
                 handle.stop()
     finally:

@@ -140,7 +140,7 @@ def test_interface_page_shows_rates_and_running_tests(archive: Archive, client: 
         "eth0": {"rx_mbps": [[now_s - 4, 10.0]], "tx_mbps": [[now_s - 4, 900.0]]}
     }
     [running] = spec["running"]
-    assert (running["target"], running["probe"]) == ("cern", "iperf3")
+    assert (running["target"], running["probe"], running["tool"]) == ("cern", "iperf3", "iperf3")
     assert running["params"] == {"streams": 8, "window_bytes": 4194304}
 
 

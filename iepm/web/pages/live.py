@@ -39,6 +39,16 @@ INTERFACE_WINDOW_S = 120.0
 UNGROUPED = "(no group)"
 
 
+def running_rows(running: Sequence[live.Running]) -> list[dict[str, Any]]:
+    """The tests running now as the page shows them, with their probe's tool."""
+    return [
+        {"monitor": r.monitor, "probe": r.probe, "target": r.target, "params": r.params,
+         "started_s": r.started_s,
+         "tool": PROBES[r.probe].TOOL if r.probe in PROBES else r.probe}
+        for r in running
+    ]  # fmt: skip
+
+
 def ewma(values: Sequence[float], weight: float) -> list[float]:
     """avg_0 = y_0, avg_i = (1 − w)·avg_{i−1} + w·y_i."""
     out: list[float] = []
@@ -140,25 +150,26 @@ def interface_page(archive: Archive) -> LivePage:
     before = live.latest_id(archive)
     now_s = time.time()
     rows = live.read_window(archive, now_s - INTERFACE_WINDOW_S, probe=INTERFACE_PROBE)
+    # Its stream also brings pings: the RTT column of the running tests.
     series: dict[str, dict[str, list[list[float | None]]]] = {}
     for _i, s in rows:
         if s.metric in INTERFACE_METRICS:
             series.setdefault(s.target, {m: [] for m in INTERFACE_METRICS})[s.metric].append(
                 [s.t_s, s.value]
             )
-    running = [
-        {"monitor": r.monitor, "probe": r.probe, "target": r.target, "params": r.params,
-         "started_s": r.started_s}
-        for r in live.running(archive)
-    ]  # fmt: skip
+    # The latest RTT to each target (its live pings), shown beside a test running to it.
+    rtts = live.read_window(archive, now_s - INTERFACE_WINDOW_S, probe="ping")
+    rtt_ms = {s.target: s.value for _i, s in rtts if s.metric == PING_METRIC}
     spec = {
         "kind": "interface",
-        "probe": INTERFACE_PROBE,
+        "probe": f"{INTERFACE_PROBE},ping",
         "metrics": list(INTERFACE_METRICS),
         "window_s": INTERFACE_WINDOW_S,
         "after": _start(rows, before),
         "series": dict(sorted(series.items())),
-        "running": running,
+        "running": running_rows(live.running(archive)),
+        "rtt_ms": rtt_ms,
+        "rtt_metric": PING_METRIC,
         "now_s": now_s,
     }
     return LivePage("Interface and running tests, live", spec)

@@ -191,10 +191,12 @@
     }
     let running = spec.running;
     let offsetS = nowS() - spec.now_s;  // the browser's clock against the server's
+    const rtt = Object.assign({}, spec.rtt_ms);  // latest ping RTT per target
     return {
       samples(rows) {
-        for (const [, iface, , metric, t, v] of rows) {
-          if (!spec.metrics.includes(metric)) continue;
+        for (const [, iface, probe, metric, t, v] of rows) {
+          if (probe === "ping" && metric === spec.rtt_metric) rtt[iface] = v;
+          if (probe === "ping" || !spec.metrics.includes(metric)) continue;
           (series[`${iface} ${metric}`] = series[`${iface} ${metric}`] || []).push([t, v]);
         }
       },
@@ -213,7 +215,7 @@
         state.running = running;
         if (!running.length) {
           const tr = document.createElement("tr");
-          cell(tr, "no test running").colSpan = 6;
+          cell(tr, "no test running").colSpan = 7;
           body.appendChild(tr);
         }
         for (const r of running) {
@@ -224,10 +226,11 @@
           const tr = document.createElement("tr");
           tr.dataset.target = r.target;
           cell(tr, r.target);
-          cell(tr, r.probe);
+          cell(tr, r.tool || r.probe);
           cell(tr, String(Math.max(0, Math.round(nowS() - offsetS - r.started_s))));
           cell(tr, window == null ? "–" : String(window));
           cell(tr, streams == null ? "–" : String(streams));
+          cell(tr, r.target in rtt ? (rtt[r.target] == null ? "lost" : fmt(rtt[r.target])) : "–");
           cell(tr, rest.map(([k, v]) => `${k}=${v}`).join(" "));
           body.appendChild(tr);
         }
