@@ -22,6 +22,7 @@ import ipaddress
 import math
 import re
 import sys
+import zlib
 from typing import Any, Literal, NoReturn
 
 from pydantic import Field, model_validator
@@ -81,6 +82,14 @@ class Spec(ProbeSpec):
     port: int | None = Field(
         None, ge=1, le=65535, description="UDP base port or TCP destination port (-p)"
     )
+    paris: bool = Field(
+        True,
+        description=(
+            "Paris traceroute: every probe of every run on one flow (udp: fixed destination "
+            "port -U and source port --sport, from the target's address; tcp: fixed --sport), "
+            "so per-flow load balancing cannot make the route flap"
+        ),
+    )
 
     @model_validator(mode="after")
     def _port_needs_a_port_method(self) -> Spec:
@@ -89,9 +98,25 @@ class Spec(ProbeSpec):
         return self
 
     def deadline_s(self) -> float:
-        batches = math.ceil(self.max_hops * self.queries / SIMULTANEOUS_PROBES)
-        # Bounded by the field ranges: at most 160 batches * 10 s + margin.
+        # --sport (Paris mode) implies one probe in flight (-N 1).
+        in_flight = 1 if self.one_flow() else SIMULTANEOUS_PROBES
+        batches = math.ceil(self.max_hops * self.queries / in_flight)
+        # Bounded by the field ranges: at most 2550 probes * 10 s + margin.
         return batches * self.wait_s + DEADLINE_MARGIN_S
+
+    def one_flow(self) -> bool:
+        return self.paris and self.method in ("udp", "tcp")
+
+
+# Paris mode's flow: destination port 33434 (traceroute's usual base) and a source port fixed
+# per target, so every run to it hashes alike; spread over a range so that concurrent traces to
+# different targets rarely share one.
+PARIS_UDP_PORT = 33434
+PARIS_SPORT_BASE, PARIS_SPORT_SPAN = 40000, 8000
+
+
+def paris_source_port(address: str) -> int:
+    return PARIS_SPORT_BASE + zlib.crc32(address.encode()) % PARIS_SPORT_SPAN
 
 
 def build_argv(spec: Spec, address: str) -> list[str]:
@@ -101,6 +126,13 @@ def build_argv(spec: Spec, address: str) -> list[str]:
         argv.append("-I")
     elif spec.method == "tcp":
         argv.append("-T")
+    if spec.one_flow():
+        if spec.method == "udp":
+            argv.append("-U")  # one destination port, not base + probe number
+        argv.append(f"--sport={paris_source_port(address)}")
+        # -U alone probes port 53; a traceroute port is what firewalls expect to answer.
+        if spec.port is None and spec.method == "udp":
+            argv += ["-p", str(PARIS_UDP_PORT)]
     if spec.port is not None:
         argv += ["-p", str(spec.port)]
     argv += ["--", address]  # an address can never be taken for an option

@@ -253,13 +253,18 @@ def test_ping_output_is_not_traceroute() -> None:
 # --- the Spec and the command line -----------------------------------------------------------
 
 
+SPORT = f"--sport={traceroute.paris_source_port('198.18.3.2')}"
+
+
 @pytest.mark.parametrize(
     ("fields", "tail"),
     [
-        ({}, []),
+        ({}, ["-U", SPORT, "-p", "33434"]),  # Paris by default: one flow per target
+        ({"paris": False}, []),
         ({"method": "icmp"}, ["-I"]),
-        ({"method": "tcp", "port": 443}, ["-T", "-p", "443"]),
-        ({"method": "udp", "port": 40000}, ["-p", "40000"]),
+        ({"method": "tcp", "port": 443}, ["-T", SPORT, "-p", "443"]),
+        ({"method": "udp", "port": 40000}, ["-U", SPORT, "-p", "40000"]),
+        ({"method": "udp", "port": 40000, "paris": False}, ["-p", "40000"]),
     ],
 )
 def test_argv(fields: dict[str, Any], tail: list[str]) -> None:
@@ -268,10 +273,21 @@ def test_argv(fields: dict[str, Any], tail: list[str]) -> None:
     assert argv == [*head, *tail, "--", "198.18.3.2"]
 
 
+def test_paris_source_port_is_fixed_per_target_and_in_its_range() -> None:
+    ports = {traceroute.paris_source_port(f"198.18.{i // 250}.{i % 250 + 1}") for i in range(500)}
+    assert traceroute.paris_source_port("198.18.3.2") == traceroute.paris_source_port("198.18.3.2")
+    assert len(ports) > 400 and all(40000 <= p < 48000 for p in ports)
+
+
 def test_deadline_covers_a_fully_silent_trace() -> None:
     # traceroute keeps 16 probes in flight; each batch waits at most wait_s.
-    assert traceroute.Spec().deadline_s() == 2 * 2.0 + 10
-    assert traceroute.Spec(max_hops=255, queries=10, wait_s=10).deadline_s() == 160 * 10 + 10
+    assert traceroute.Spec(paris=False).deadline_s() == 2 * 2.0 + 10
+    assert traceroute.Spec(max_hops=255, queries=10, wait_s=10, paris=False).deadline_s() == (
+        160 * 10 + 10
+    )
+    # Paris mode's fixed source port means one probe at a time (--sport implies -N 1).
+    assert traceroute.Spec().deadline_s() == 30 * 2.0 + 10
+    assert traceroute.Spec(method="icmp").deadline_s() == 2 * 2.0 + 10
 
 
 @pytest.mark.parametrize(
