@@ -23,6 +23,7 @@ import math
 import re
 import sys
 import zlib
+from collections.abc import Callable
 from typing import Any, Literal, NoReturn
 
 from pydantic import Field, model_validator
@@ -82,6 +83,15 @@ class Spec(ProbeSpec):
     port: int | None = Field(
         None, ge=1, le=65535, description="UDP base port or TCP destination port (-p)"
     )
+    gap_limit: int = Field(
+        5,
+        ge=0,
+        le=255,
+        description=(
+            "Paris mode: stop after this many silent hops in a row (0: never), as scamper's "
+            "gaplimit; one probe is in flight there, so each silent hop costs wait_s"
+        ),
+    )
     paris: bool = Field(
         True,
         description=(
@@ -120,7 +130,9 @@ def paris_source_port(address: str) -> int:
 
 
 def build_argv(spec: Spec, address: str) -> list[str]:
-    argv = ["traceroute", "-n", "-q", str(spec.queries), "-w", f"{spec.wait_s:g}"]
+    # Line-buffered, so the gap limit sees each hop as traceroute finishes it.
+    head = ["stdbuf", "-oL"] if gap_limited(spec) else []
+    argv = [*head, "traceroute", "-n", "-q", str(spec.queries), "-w", f"{spec.wait_s:g}"]
     argv += ["-m", str(spec.max_hops)]
     if spec.method == "icmp":
         argv.append("-I")
@@ -137,6 +149,32 @@ def build_argv(spec: Spec, address: str) -> list[str]:
         argv += ["-p", str(spec.port)]
     argv += ["--", address]  # an address can never be taken for an option
     return argv
+
+
+def gap_limited(spec: Spec) -> bool:
+    return spec.one_flow() and 0 < spec.gap_limit < spec.max_hops
+
+
+_SILENT_HOP_RE = re.compile(rb"^\s*\d{1,3}(?:\s+\*)+\s*$")
+
+
+def stop_when(spec: Spec) -> Callable[[bytes], bool] | None:
+    """Paris mode's gap limit: True once the last ``gap_limit`` complete hop lines are silent."""
+    if not gap_limited(spec):
+        return None
+
+    def enough(stdout: bytes) -> bool:
+        lines = stdout.split(b"\n")[:-1]  # complete lines only
+        tail = lines[-spec.gap_limit :]
+        return len(tail) == spec.gap_limit and all(_SILENT_HOP_RE.match(t) for t in tail)
+
+    return enough
+
+
+def _gap_stopped(hop_list: list[dict[str, Any]], spec: Spec | None) -> bool:
+    if spec is None or not gap_limited(spec) or len(hop_list) < spec.gap_limit:
+        return False
+    return all(not h["responses"] for h in hop_list[-spec.gap_limit :])
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -344,10 +382,13 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
         "reached": reached,
         "hop_count": last["ttl"] if last else 0,
         "silent_hops": sum(1 for h in hop_list if not h["responses"]),
+        # Stopped by the gap limit (Paris mode) is a finished trace, not a cut one.
+        "gap_stopped": not reached and _gap_stopped(hop_list, spec),
         "truncated": bool(
             not reached
             and (last is None or last["ttl"] < max_hops)
             and not (last and last["annotations"])
+            and not _gap_stopped(hop_list, spec)
         ),
         "hops": hop_list,
         "unparsed_lines": unparsed,

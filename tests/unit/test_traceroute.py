@@ -268,8 +268,11 @@ SPORT = f"--sport={traceroute.paris_source_port('198.18.3.2')}"
     ],
 )
 def test_argv(fields: dict[str, Any], tail: list[str]) -> None:
-    argv = traceroute.build_argv(traceroute.Spec(**fields), "198.18.3.2")
-    head = ["traceroute", "-n", "-q", "1", "-w", "2", "-m", "30"]
+    spec = traceroute.Spec(**fields)
+    argv = traceroute.build_argv(spec, "198.18.3.2")
+    # Paris mode's gap limit reads hops as they come: traceroute's output line-buffered.
+    line_buffered = ["stdbuf", "-oL"] if spec.one_flow() else []
+    head = [*line_buffered, "traceroute", "-n", "-q", "1", "-w", "2", "-m", "30"]
     assert argv == [*head, *tail, "--", "198.18.3.2"]
 
 
@@ -413,3 +416,33 @@ def test_real_traceroute_to_an_unresolvable_name() -> None:
     assert not result.succeeded
     assert result.error is not None
     assert "'nonexistent.invalid' could not be resolved" in result.error
+
+
+def test_the_gap_limit_fires_on_complete_silent_lines_only() -> None:
+    spec = traceroute.Spec(gap_limit=3)
+    enough = traceroute.stop_when(spec)
+    assert enough is not None
+    head = b"traceroute to 198.18.0.4 (198.18.0.4), 30 hops max, 60 byte packets\n"
+    answered = b" 1  198.18.0.2  2.020 ms\n"
+    assert not enough(head + answered + b" 2  *\n 3  *\n")
+    assert not enough(head + answered + b" 2  *\n 3  *\n 4  *")  # the last line is not done
+    assert enough(head + answered + b" 2  *\n 3  * *\n 4  *\n")
+    assert not enough(head + b" 2  *\n 3  198.18.0.9  1.0 ms\n 4  *\n 5  *\n")
+    # Off when there is nothing to limit: plain mode, ICMP, or a limit of 0.
+    for fields in ({"paris": False}, {"method": "icmp"}, {"gap_limit": 0}):
+        assert traceroute.stop_when(traceroute.Spec(**fields)) is None
+
+
+def test_a_trace_stopped_by_its_gap_limit_is_finished_not_cut() -> None:
+    spec = traceroute.Spec(gap_limit=3)
+    text = (
+        "traceroute to 198.18.0.4 (198.18.0.4), 30 hops max, 60 byte packets\n"
+        " 1  198.18.0.2  2.020 ms\n 2  *\n 3  *\n 4  *\n"
+    )
+    data = traceroute.parse(raw(text), spec)
+    assert (data["gap_stopped"], data["truncated"], data["reached"]) == (True, False, False)
+    message = traceroute.check(data, spec)
+    assert message is not None and "the hops after it are silent" in message
+    # Without a gap limit the same output is a cut run.
+    cut = traceroute.parse(raw(text), traceroute.Spec(paris=False))
+    assert (cut["gap_stopped"], cut["truncated"]) == (False, True)
