@@ -534,7 +534,12 @@ def stop_groups(
     return live
 
 
-async def _drain(stream: asyncio.StreamReader | None, sink: bytearray) -> None:
+async def _drain(
+    stream: asyncio.StreamReader | None,
+    sink: bytearray,
+    enough: Callable[[bytes], bool] | None = None,
+    done: asyncio.Event | None = None,
+) -> None:
     if stream is None:
         return
     while True:
@@ -542,6 +547,8 @@ async def _drain(stream: asyncio.StreamReader | None, sink: bytearray) -> None:
         if not chunk:
             return
         sink.extend(chunk)
+        if enough is not None and done is not None and not done.is_set() and enough(bytes(sink)):
+            done.set()
 
 
 async def run_command(
@@ -552,11 +559,14 @@ async def run_command(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     stdin_data: bytes | None = None,
+    stop_when: Callable[[bytes], bool] | None = None,
 ) -> RawRun:
     """Run ``argv`` with a deadline; never raises for the tool's own failures.
 
     Raises ToolNotFound when ``argv[0]`` cannot be executed. A tool that outlives ``timeout_s``
     yields ``timed_out=True`` with whatever output it produced before the kill.
+    ``stop_when(stdout so far)`` True: the tool has said enough and is stopped (SIGINT, then
+    as at the deadline), not counted as timed out — e.g. traceroute past its gap limit.
     """
     tool = await start_process(
         argv, stdin=PIPE if stdin_data is not None else DEVNULL, env=env, cwd=cwd
@@ -568,10 +578,19 @@ async def run_command(
             proc.stdin.write(stdin_data)
             await proc.stdin.drain()
         proc.stdin.close()
-    readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
+    enough = asyncio.Event()
+    readers = asyncio.gather(_drain(proc.stdout, out, stop_when, enough), _drain(proc.stderr, err))
     timed_out = False
+    finished = asyncio.gather(readers, proc.wait())
+    said_enough = asyncio.ensure_future(enough.wait())
     try:
-        await asyncio.wait_for(asyncio.shield(asyncio.gather(readers, proc.wait())), timeout_s)
+        await asyncio.wait_for(
+            asyncio.wait([finished, said_enough], return_when=asyncio.FIRST_COMPLETED),
+            timeout_s,
+        )
+        if not finished.done():
+            tool.signal(signal.SIGINT)
+            await tool.terminate(kill_grace_s)
     except TimeoutError:
         timed_out = True
         await tool.terminate(kill_grace_s)
@@ -579,14 +598,15 @@ async def run_command(
         await tool.terminate(kill_grace_s)
         raise
     finally:
+        said_enough.cancel()
         # Sweep stragglers (forked helpers still in the group), then stop reading.
         await tool.sweep()
-        if not readers.done():
+        if not finished.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(readers), 1.0)
-            readers.cancel()
+                await asyncio.wait_for(asyncio.shield(finished), 1.0)
+            finished.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await readers
+                await finished
     return RawRun(
         argv=tool.argv,
         stdout=out.decode("utf-8", errors="replace"),

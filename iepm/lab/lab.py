@@ -531,6 +531,22 @@ class Lab:
         for node, table in self.plan.path_routes(list(path), symmetric).items():
             self._set_routes(node, table)
 
+    def spread_route(self, node: str, dest: str, next_hops: Sequence[str]) -> None:
+        """Equal-cost multipath at ``node``: traffic to ``dest`` is split per flow over the links
+        to ``next_hops`` (the kernel hashes each packet's addresses and ports, as a router's
+        ECMP does; set ``net.ipv4.fib_multipath_hash_policy = 1`` in the node's sysctl for the
+        ports to count). ``switch_route`` or another call replaces it."""
+        self._node(node)
+        self._node(dest)
+        if len(next_hops) < 2:
+            raise LabError("spread_route needs at least two next hops")
+        devs = [self.plan.link_between(node, hop).dev(node) for hop in next_hops]
+        route = (
+            f"route replace {self.plan.addresses[dest]}/32 src {self.plan.addresses[node]} "
+            + " ".join(f"nexthop dev {dev} weight 1" for dev in devs)
+        )
+        nx.ip_batch(self.netns(node), [route])
+
     def apply(self, event: EventSpec | Mapping[str, Any]) -> None:
         """Apply one event now (its ``at_s`` is ignored)."""
         if not isinstance(event, EventSpec):

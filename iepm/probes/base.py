@@ -349,8 +349,10 @@ async def execute(module: ModuleType, spec: ProbeSpec, ctx: ProbeContext) -> Res
     meta: ProbeMeta = module.META
     version = await tool_version(ctx.wrap(meta.version_argv)) if meta.version_argv else None
     argv = ctx.wrap(module.build_argv(spec, ctx.address))
+    # A probe may end its tool once the output says enough (traceroute's gap limit).
+    stop_when = module.stop_when(spec) if hasattr(module, "stop_when") else None
     try:
-        raw = await run_command(argv, spec.deadline_s())
+        raw = await run_command(argv, spec.deadline_s(), stop_when=stop_when)
     except ToolNotFound as exc:
         return failed_result(module, spec, ctx, str(exc), diags=shlex.join(argv))
     if ctx.raw_log is not None:

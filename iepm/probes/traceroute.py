@@ -22,6 +22,8 @@ import ipaddress
 import math
 import re
 import sys
+import zlib
+from collections.abc import Callable
 from typing import Any, Literal, NoReturn
 
 from pydantic import Field, model_validator
@@ -81,6 +83,23 @@ class Spec(ProbeSpec):
     port: int | None = Field(
         None, ge=1, le=65535, description="UDP base port or TCP destination port (-p)"
     )
+    gap_limit: int = Field(
+        5,
+        ge=0,
+        le=255,
+        description=(
+            "Paris mode: stop after this many silent hops in a row (0: never), as scamper's "
+            "gaplimit; one probe is in flight there, so each silent hop costs wait_s"
+        ),
+    )
+    paris: bool = Field(
+        True,
+        description=(
+            "Paris traceroute: every probe of every run on one flow (udp: fixed destination "
+            "port -U and source port --sport, from the target's address; tcp: fixed --sport), "
+            "so per-flow load balancing cannot make the route flap"
+        ),
+    )
 
     @model_validator(mode="after")
     def _port_needs_a_port_method(self) -> Spec:
@@ -89,22 +108,73 @@ class Spec(ProbeSpec):
         return self
 
     def deadline_s(self) -> float:
-        batches = math.ceil(self.max_hops * self.queries / SIMULTANEOUS_PROBES)
-        # Bounded by the field ranges: at most 160 batches * 10 s + margin.
+        # --sport (Paris mode) implies one probe in flight (-N 1).
+        in_flight = 1 if self.one_flow() else SIMULTANEOUS_PROBES
+        batches = math.ceil(self.max_hops * self.queries / in_flight)
+        # Bounded by the field ranges: at most 2550 probes * 10 s + margin.
         return batches * self.wait_s + DEADLINE_MARGIN_S
+
+    def one_flow(self) -> bool:
+        return self.paris and self.method in ("udp", "tcp")
+
+
+# Paris mode's flow: destination port 33434 (traceroute's usual base) and a source port fixed
+# per target, so every run to it hashes alike; spread over a range so that concurrent traces to
+# different targets rarely share one.
+PARIS_UDP_PORT = 33434
+PARIS_SPORT_BASE, PARIS_SPORT_SPAN = 40000, 8000
+
+
+def paris_source_port(address: str) -> int:
+    return PARIS_SPORT_BASE + zlib.crc32(address.encode()) % PARIS_SPORT_SPAN
 
 
 def build_argv(spec: Spec, address: str) -> list[str]:
-    argv = ["traceroute", "-n", "-q", str(spec.queries), "-w", f"{spec.wait_s:g}"]
+    # Line-buffered, so the gap limit sees each hop as traceroute finishes it.
+    head = ["stdbuf", "-oL"] if gap_limited(spec) else []
+    argv = [*head, "traceroute", "-n", "-q", str(spec.queries), "-w", f"{spec.wait_s:g}"]
     argv += ["-m", str(spec.max_hops)]
     if spec.method == "icmp":
         argv.append("-I")
     elif spec.method == "tcp":
         argv.append("-T")
+    if spec.one_flow():
+        if spec.method == "udp":
+            argv.append("-U")  # one destination port, not base + probe number
+        argv.append(f"--sport={paris_source_port(address)}")
+        # -U alone probes port 53; a traceroute port is what firewalls expect to answer.
+        if spec.port is None and spec.method == "udp":
+            argv += ["-p", str(PARIS_UDP_PORT)]
     if spec.port is not None:
         argv += ["-p", str(spec.port)]
     argv += ["--", address]  # an address can never be taken for an option
     return argv
+
+
+def gap_limited(spec: Spec) -> bool:
+    return spec.one_flow() and 0 < spec.gap_limit < spec.max_hops
+
+
+_SILENT_HOP_RE = re.compile(rb"^\s*\d{1,3}(?:\s+\*)+\s*$")
+
+
+def stop_when(spec: Spec) -> Callable[[bytes], bool] | None:
+    """Paris mode's gap limit: True once the last ``gap_limit`` complete hop lines are silent."""
+    if not gap_limited(spec):
+        return None
+
+    def enough(stdout: bytes) -> bool:
+        lines = stdout.split(b"\n")[:-1]  # complete lines only
+        tail = lines[-spec.gap_limit :]
+        return len(tail) == spec.gap_limit and all(_SILENT_HOP_RE.match(t) for t in tail)
+
+    return enough
+
+
+def _gap_stopped(hop_list: list[dict[str, Any]], spec: Spec | None) -> bool:
+    if spec is None or not gap_limited(spec) or len(hop_list) < spec.gap_limit:
+        return False
+    return all(not h["responses"] for h in hop_list[-spec.gap_limit :])
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -312,10 +382,13 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
         "reached": reached,
         "hop_count": last["ttl"] if last else 0,
         "silent_hops": sum(1 for h in hop_list if not h["responses"]),
+        # Stopped by the gap limit (Paris mode) is a finished trace, not a cut one.
+        "gap_stopped": not reached and _gap_stopped(hop_list, spec),
         "truncated": bool(
             not reached
             and (last is None or last["ttl"] < max_hops)
             and not (last and last["annotations"])
+            and not _gap_stopped(hop_list, spec)
         ),
         "hops": hop_list,
         "unparsed_lines": unparsed,

@@ -303,3 +303,17 @@ def test_tools_die_with_an_unprivileged_monitor_killed_9() -> None:
         if monitor.poll() is None:
             os.killpg(monitor.pid, signal.SIGKILL)
             monitor.wait(timeout=10)
+
+
+def test_a_tool_that_has_said_enough_is_stopped_early_not_timed_out() -> None:
+    # Prints a line every 50 ms for 10 s; three lines are enough.
+    script = "for i in $(seq 200); do echo line$i; sleep 0.05; done"
+    raw = asyncio.run(
+        run_command(["sh", "-c", script], 60.0, stop_when=lambda out: out.count(b"\n") >= 3)
+    )
+    assert not raw.timed_out and raw.returncode != 0
+    lines = raw.stdout.splitlines()
+    assert lines[:3] == ["line1", "line2", "line3"] and len(lines) < 200
+    # A predicate that never holds changes nothing.
+    done = asyncio.run(run_command(["sh", "-c", "echo a; echo b"], 30.0, stop_when=lambda _: False))
+    assert (done.returncode, done.stdout, done.timed_out) == (0, "a\nb\n", False)

@@ -253,25 +253,44 @@ def test_ping_output_is_not_traceroute() -> None:
 # --- the Spec and the command line -----------------------------------------------------------
 
 
+SPORT = f"--sport={traceroute.paris_source_port('198.18.3.2')}"
+
+
 @pytest.mark.parametrize(
     ("fields", "tail"),
     [
-        ({}, []),
+        ({}, ["-U", SPORT, "-p", "33434"]),  # Paris by default: one flow per target
+        ({"paris": False}, []),
         ({"method": "icmp"}, ["-I"]),
-        ({"method": "tcp", "port": 443}, ["-T", "-p", "443"]),
-        ({"method": "udp", "port": 40000}, ["-p", "40000"]),
+        ({"method": "tcp", "port": 443}, ["-T", SPORT, "-p", "443"]),
+        ({"method": "udp", "port": 40000}, ["-U", SPORT, "-p", "40000"]),
+        ({"method": "udp", "port": 40000, "paris": False}, ["-p", "40000"]),
     ],
 )
 def test_argv(fields: dict[str, Any], tail: list[str]) -> None:
-    argv = traceroute.build_argv(traceroute.Spec(**fields), "198.18.3.2")
-    head = ["traceroute", "-n", "-q", "1", "-w", "2", "-m", "30"]
+    spec = traceroute.Spec(**fields)
+    argv = traceroute.build_argv(spec, "198.18.3.2")
+    # Paris mode's gap limit reads hops as they come: traceroute's output line-buffered.
+    line_buffered = ["stdbuf", "-oL"] if spec.one_flow() else []
+    head = [*line_buffered, "traceroute", "-n", "-q", "1", "-w", "2", "-m", "30"]
     assert argv == [*head, *tail, "--", "198.18.3.2"]
+
+
+def test_paris_source_port_is_fixed_per_target_and_in_its_range() -> None:
+    ports = {traceroute.paris_source_port(f"198.18.{i // 250}.{i % 250 + 1}") for i in range(500)}
+    assert traceroute.paris_source_port("198.18.3.2") == traceroute.paris_source_port("198.18.3.2")
+    assert len(ports) > 400 and all(40000 <= p < 48000 for p in ports)
 
 
 def test_deadline_covers_a_fully_silent_trace() -> None:
     # traceroute keeps 16 probes in flight; each batch waits at most wait_s.
-    assert traceroute.Spec().deadline_s() == 2 * 2.0 + 10
-    assert traceroute.Spec(max_hops=255, queries=10, wait_s=10).deadline_s() == 160 * 10 + 10
+    assert traceroute.Spec(paris=False).deadline_s() == 2 * 2.0 + 10
+    assert traceroute.Spec(max_hops=255, queries=10, wait_s=10, paris=False).deadline_s() == (
+        160 * 10 + 10
+    )
+    # Paris mode's fixed source port means one probe at a time (--sport implies -N 1).
+    assert traceroute.Spec().deadline_s() == 30 * 2.0 + 10
+    assert traceroute.Spec(method="icmp").deadline_s() == 2 * 2.0 + 10
 
 
 @pytest.mark.parametrize(
@@ -397,3 +416,33 @@ def test_real_traceroute_to_an_unresolvable_name() -> None:
     assert not result.succeeded
     assert result.error is not None
     assert "'nonexistent.invalid' could not be resolved" in result.error
+
+
+def test_the_gap_limit_fires_on_complete_silent_lines_only() -> None:
+    spec = traceroute.Spec(gap_limit=3)
+    enough = traceroute.stop_when(spec)
+    assert enough is not None
+    head = b"traceroute to 198.18.0.4 (198.18.0.4), 30 hops max, 60 byte packets\n"
+    answered = b" 1  198.18.0.2  2.020 ms\n"
+    assert not enough(head + answered + b" 2  *\n 3  *\n")
+    assert not enough(head + answered + b" 2  *\n 3  *\n 4  *")  # the last line is not done
+    assert enough(head + answered + b" 2  *\n 3  * *\n 4  *\n")
+    assert not enough(head + b" 2  *\n 3  198.18.0.9  1.0 ms\n 4  *\n 5  *\n")
+    # Off when there is nothing to limit: plain mode, ICMP, or a limit of 0.
+    for fields in ({"paris": False}, {"method": "icmp"}, {"gap_limit": 0}):
+        assert traceroute.stop_when(traceroute.Spec(**fields)) is None
+
+
+def test_a_trace_stopped_by_its_gap_limit_is_finished_not_cut() -> None:
+    spec = traceroute.Spec(gap_limit=3)
+    text = (
+        "traceroute to 198.18.0.4 (198.18.0.4), 30 hops max, 60 byte packets\n"
+        " 1  198.18.0.2  2.020 ms\n 2  *\n 3  *\n 4  *\n"
+    )
+    data = traceroute.parse(raw(text), spec)
+    assert (data["gap_stopped"], data["truncated"], data["reached"]) == (True, False, False)
+    message = traceroute.check(data, spec)
+    assert message is not None and "the hops after it are silent" in message
+    # Without a gap limit the same output is a cut run.
+    cut = traceroute.parse(raw(text), traceroute.Spec(paris=False))
+    assert (cut["gap_stopped"], cut["truncated"]) == (False, True)
