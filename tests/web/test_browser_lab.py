@@ -183,6 +183,7 @@ def test_target_page_charts_route_change_and_zoom(lab_run: LabRun, page: Any) ->
     shoot(page, "lab-target")
     chart = "window.iepmCharts.throughput.scales.x"
     before = page.evaluate(f"[{chart}.min, {chart}.max]")
+    page.locator("#chart-throughput").scroll_into_view_if_needed()  # stacked: below the fold
     over = page.locator("#chart-throughput .u-over").bounding_box()
     y = over["y"] + over["height"] / 2
     page.mouse.move(over["x"] + over["width"] * 0.2, y)

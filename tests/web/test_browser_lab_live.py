@@ -22,6 +22,7 @@ from tests.web.browser import shoot
 pytestmark = [pytest.mark.lab, pytest.mark.browser]
 
 DOWN = {"action": "link", "link": "cstnet_ihep", "up": False}
+REFRESH = "window.localStorage.setItem('iepm.refresh', location.pathname === '/' ? '1' : '0')"
 
 
 def in_thread(fn: Callable[[], Any], timeout_s: float = 300.0) -> None:
@@ -64,7 +65,9 @@ def test_a_path_taken_down_turns_its_cells_failed_by_itself(
             cache_ttl_s=1.0,
         )
         try:
-            page.add_init_script("window.localStorage.setItem('iepm.refresh', '1')")
+            # The overview reloads itself every second; the target page opened after it does
+            # not (a reload racing the test's navigation would abort it).
+            page.add_init_script(REFRESH)
             page.goto(handle.url)
             ihep = page.locator("#grid tr", has=page.locator('a[href="/targets/ihep"]'))
             loss = ihep.locator("a.chip[data-metric='ping.loss_percent']")
@@ -82,6 +85,10 @@ def test_a_path_taken_down_turns_its_cells_failed_by_itself(
             assert "no reply from 198.18.0.15" in (failed.get_attribute("title") or "")
             assert failed.locator(".v").inner_text() == "failed"
             shoot(page, "lab-live-overview")
+            page = page.context.new_page()  # closed with the fixture's context
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.add_init_script(REFRESH)
             page.goto(f"{handle.url}targets/ihep?window=1h")
             page.wait_for_function("window.iepmCharts && window.iepmCharts.loss")
             outages = page.evaluate(
@@ -93,5 +100,6 @@ def test_a_path_taken_down_turns_its_cells_failed_by_itself(
             loss_values = page.evaluate("window.iepmCharts.loss.data[1]")
             assert loss_values[-1] == 100  # the dead run, plotted at 100 % loss
             shoot(page, "lab-live-target")
+            assert errors == []
         finally:
             handle.stop()
