@@ -25,15 +25,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
+from iepm.analysis import normalise
 from iepm.errors import StoreError
 from iepm.probes import PROBES
 from iepm.store import live
@@ -57,6 +60,8 @@ PG_RETRY_S = 5.0
 RESULTS_POLL_S = 2.0
 # A result is stored when its run ends: one started this long ago may still arrive.
 RESULTS_LOOKBACK_S = 900.0
+# The estimator's fits to iperf3 change with each iperf3 run (every 90 min): re-read this often.
+FITS_TTL_S = 300.0
 # Samples and results the hub keeps in memory for the streams (20 targets × 1/s for ~16 min).
 RING_SAMPLES = 20_000
 RING_RESULTS = 2_000
@@ -90,6 +95,8 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._last_mark_ms = 0
+        self._fits: dict[str, normalise.Fit] = {}
+        self._fits_at = -math.inf
 
     # -- the watcher -----------------------------------------------------------------------
 
@@ -210,8 +217,25 @@ class Hub:
         mark = max(int(time.time() * 1000), self._last_mark_ms + 1)
         self._last_mark_ms = mark
         for result in await self._read(live.results_by_id, self.archive, new):
-            self.results.append((mark, result))
+            self.results.append((mark, await self._normalised(result)))
         self._wake()
+
+    async def _normalised(self, result: LiveResult) -> LiveResult:
+        """An estimator's result with its normalised figure (the path's fit to iperf3), read
+        from fits at most FITS_TTL_S old; other results as they are."""
+        probe, key = normalise.ESTIMATOR
+        raw = result.figures.get(key)
+        if result.probe != probe or raw is None:
+            return result
+        if time.monotonic() - self._fits_at > FITS_TTL_S:
+            now = datetime.now(UTC)
+            self._fits = await self._read(normalise.estimator_fits, self.archive, now)
+            self._fits_at = time.monotonic()
+        path_fit = self._fits.get(result.target)
+        if path_fit is None:
+            return result
+        figures = {**result.figures, live_pages.NORMALISED_PREFIX + key: path_fit.normalised(raw)}
+        return result._replace(figures=figures)
 
     async def _refresh_running(self) -> None:
         now = live_pages.running_rows(await self._read(live.running, self.archive))

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from iepm.analysis import normalise
 from iepm.probes import PROBES
 from iepm.store import live
 from iepm.store.archive import Archive
@@ -93,12 +94,21 @@ def bandwidth_page(
     )
     with archive.reading("cannot read the estimates") as conn:
         rows = conn.execute(query).all()
+    # The estimator's fit to the path's iperf3 runs (analysis/normalise.py), where it has one.
+    fits = (
+        normalise.estimator_fits(archive, datetime.fromtimestamp(now_s, UTC))
+        if (probe, key) == normalise.ESTIMATOR
+        else {}
+    )
     targets: dict[str, dict[str, list[float | None]]] = {}
     for target, started_at, data in rows:
         value = data.get(key) if isinstance(data, dict) else None
         if not isinstance(value, int | float):
             continue
         norm = data.get(normalised)
+        path_fit = fits.get(str(target))
+        if not isinstance(norm, int | float) and path_fit is not None:
+            norm = path_fit.normalised(float(value))
         series = targets.setdefault(str(target), {"t": [], "raw": [], "norm": []})
         series["t"].append(started_at.timestamp())
         series["raw"].append(float(value))
@@ -114,6 +124,7 @@ def bandwidth_page(
         "window_s": window_s,
         "results_after": results_after_ms,
         "targets": dict(sorted(targets.items())),
+        "fits": {t: {"slope": f.slope, "r2": f.r2, "n": f.n} for t, f in sorted(fits.items())},
     }
     notes = []
     if probe not in PROBES:
