@@ -195,15 +195,20 @@ def run_continuous(
         rss: list[tuple[float, int]] = []
         t0 = time.monotonic()
         deadline = t0 + periods * window_s + 120.0
-        # The growth is measured from a first snapshot taken once a window or two are stored
-        # (an empty table's first pages and forks are a fixed cost, not a per-row one).
+        # Growth (of the archive and of the RSS) is measured from the first moment every
+        # target has a window stored: the monitor is then fully started (on a loaded machine
+        # that can take many seconds), and an empty table's first pages and forks, a fixed
+        # cost, are behind.
         first: tuple[int, int, int, int] | None = None
+        settled_at: float | None = None
         try:
             while monitor.popen.poll() is None and time.monotonic() < deadline:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     rss.append((time.monotonic() - t0, process.memory_info().rss))
-                if first is None and time.monotonic() - t0 >= 2.5 * window_s:
-                    first = snapshot(url)
+                if first is None and time.monotonic() - t0 >= window_s:
+                    now = snapshot(url)
+                    if now[1] >= n_targets:
+                        first, settled_at = now, time.monotonic() - t0
                 monitor.wait(1.0)
         finally:
             monitor.stop()
@@ -233,7 +238,7 @@ def run_continuous(
     spans = sorted((r.started_at.timestamp(), r.started_at.timestamp() + r.duration_s)
                    for r in iperf)  # fmt: skip
     overlaps = sum(b[0] < a[1] - 0.01 for a, b in itertools.pairwise(spans))
-    settled = [b for t, b in rss if t >= window_s] or [b for _, b in rss]
+    settled = [b for t, b in rss if settled_at is not None and t >= settled_at]
     minutes_per_row = window_s / 60.0
     return {
         "engine": engine,
@@ -244,10 +249,11 @@ def run_continuous(
         "elapsed_s": round(elapsed_s, 1),
         "rss_mib": {
             "start": round(rss[0][1] / 2**20, 1) if rss else None,
-            "after_first_window": round(settled[0] / 2**20, 1) if settled else None,
+            "settled_after_s": None if settled_at is None else round(settled_at, 1),
+            "settled": round(settled[0] / 2**20, 1) if settled else None,
             "end": round(rss[-1][1] / 2**20, 1) if rss else None,
             "max": round(max(b for _, b in rss) / 2**20, 1) if rss else None,
-            "growth_after_first_window": round((settled[-1] - settled[0]) / 2**20, 2)
+            "growth_after_settled": round((settled[-1] - settled[0]) / 2**20, 2)
             if settled
             else None,
             "samples": len(rss),
