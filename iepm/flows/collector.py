@@ -13,7 +13,9 @@ Two processes, so that decoding and archive writes never hold up the socket:
 
 On stop the receiver reads what the kernel already queued, hands every frame over, closes the
 worker's stdin and waits for its report: a record that reached the socket is stored or counted as
-dropped, never left behind. Records carry a digest id, so nothing is stored twice.
+dropped, never left behind. Records carry a digest id, so nothing is stored twice. (If the
+worker dies, what it had read and what the pipe held — at most its queue and 64 KiB — is lost
+without a count; the rest is counted in ``spool_dropped`` and the report says the worker died.)
 """
 
 from __future__ import annotations
@@ -243,6 +245,10 @@ class Collector:
     def address(self) -> tuple[str, int]:
         host, port = self.sock.getsockname()[:2]
         return str(host), int(port)
+
+    @property
+    def worker_pid(self) -> int | None:
+        return None if self._worker is None else self._worker.pid
 
     def run(self, duration_s: float | None = None) -> CollectorReport:
         """Receive until :attr:`stop` is set (or ``duration_s`` passes); then hand over what is

@@ -181,6 +181,33 @@ def test_a_full_spool_drops_datagrams_and_counts_them(archive_url: str) -> None:
     assert report.spool_dropped == 5 and report.stored == 0 and report.decode.packets == 0
 
 
+def _exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited, all its threads, without reaping it."""
+    flags = os.WEXITED | os.WNOWAIT | os.WNOHANG
+    return os.waitid(os.P_PID, pid, flags) is not None
+
+
+def test_a_dead_worker_is_reported_and_what_it_missed_counted(archive_url: str) -> None:
+    collector = Collector(archive_url, "127.0.0.1", 0, flush_s=0.05)
+    running = Running(collector)
+    wait_until(collector.ready.is_set, 120)
+    pid = collector.worker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # our own child, by its PID
+    # Gone, not only signalled: every thread exited (one in disk sleep ends when its I/O does),
+    # so its end of the pipe is closed. What the pipe held when it died is lost, uncounted.
+    wait_until(lambda: _exited(pid), 60)
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for seq in range(5):
+        packet = enc.v5(sample(2, seq), seq=2 * seq, now_ms=NOW, uptime_ms=UPTIME)
+        out.sendto(packet, collector.address)
+    out.close()
+    wait_until(lambda: collector.report.received == 5)
+    report = running.finish()
+    assert report.spool_dropped == 5 and report.stored == 0
+    assert any("worker" in e for e in report.errors), report.errors
+
+
 def test_cli_collect_stores_and_reports_on_term(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
     proc = subprocess.Popen(
