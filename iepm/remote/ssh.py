@@ -342,22 +342,30 @@ def _directory_failure(base: str, where: str, said: str) -> str:
 async def check_target(
     access: SshAccess, address: str, netns: str | None = None
 ) -> dict[str, str | int | None]:
-    """Log in and report what a test needs: each server kind's version, free space in
-    work_dir."""
+    """Log in and report what a test needs: each server kind's version, rsync's (copies over
+    SSH), free space in work_dir and memory_dir."""
     step = float(access.step_timeout_s)
     conn = await connect(access, address, netns)
     versions: dict[str, str | int | None] = {}
     try:
-        for kind in KINDS.values():
-            program = access.program(kind.name, kind.program)
-            answer = await run_remote(conn, [program, *kind.version_argv], step)
+        programs = [
+            (kind.name, [access.program(kind.name, kind.program), *kind.version_argv])
+            for kind in KINDS.values()
+        ]
+        for name, argv in [*programs, ("rsync", [access.rsync_path, "--version"])]:
+            answer = await run_remote(conn, argv, step)
             out = str(answer.stdout or "")
-            versions[kind.name] = out.splitlines()[0] if answer.exit_status == 0 and out else None
-        space = await run_remote(conn, ["df", "-Pk", access.work_dir], step)
+            versions[name] = out.splitlines()[0] if answer.exit_status == 0 and out else None
+        spaces = {
+            f"{label}_free_bytes": await run_remote(conn, ["df", "-Pk", path], step)
+            for label, path in (("work_dir", access.work_dir), ("memory_dir", access.memory_dir))
+        }
     finally:
         conn.close()
-    fields = str(space.stdout or "").splitlines()[-1:]
-    free_kb = None
-    if fields and re.match(r"^\S+\s+\d+\s+\d+\s+\d+", fields[0]):
-        free_kb = int(fields[0].split()[3])
-    return {**versions, "work_dir_free_bytes": None if free_kb is None else free_kb * 1024}
+    free: dict[str, str | int | None] = {}
+    for label, space in spaces.items():
+        fields = str(space.stdout or "").splitlines()[-1:]
+        free[label] = None
+        if fields and re.match(r"^\S+\s+\d+\s+\d+\s+\d+", fields[0]):
+            free[label] = int(fields[0].split()[3]) * 1024
+    return {**versions, **free}

@@ -17,7 +17,7 @@ import pytest
 from iepm.config import AgentAccess
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
-from iepm.probes import iperf3, rsync_mem, xrdcp_disk, xrdcp_mem
+from iepm.probes import iperf3, rsync_disk, rsync_mem, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from tests.helpers import free_port
@@ -213,6 +213,42 @@ def test_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate_when_
     # Removing the uncommitted copy waits for the write-back already under way (at the disk's
     # 4 MiB/s, up to 16 s for 64M).
     assert wait_until(lambda: not list((agent.dir / "state" / "work").glob("*")), 40.0)
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync missing")
+def test_rsync_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate_when_not(
+    tmp_path: Path,
+) -> None:
+    """The same finding over SSH: rsync's --fsync (commit = at_end) against a plain dd on the
+    same slow disk, and the page cache's rate without it."""
+    with (
+        slow_disk(DISK_RATE) as disk,
+        private_sshd(tmp_path / "sshd", "127.0.0.1", free_port(), password_auth=False) as sshd,
+    ):
+        work = disk.mount / "ssh"
+        work.mkdir()
+        access = sshd.access(work_dir=str(work), step_timeout_s=20.0)
+        ctx = ProbeContext(target="slow", address="127.0.0.1", servers=server_source(access))
+        before = disk.dd_rate(64 << 20, "conv=fsync")
+        spec = rsync_disk.Spec(size="64M", duration_s=60, source_dir=str(tmp_path))
+        committed = asyncio.run(rsync_disk.run(spec, ctx))
+        assert committed.succeeded, f"{committed.error}\n{committed.diags[-2000:]}"
+        after = disk.dd_rate(64 << 20, "conv=fsync")
+        uncommitted = asyncio.run(rsync_disk.run(spec.model_copy(update={"commit": "none"}), ctx))
+        assert uncommitted.succeeded, uncommitted.error
+        disk_bps = (before + after) / 2 * 8
+        got = committed.data["committed_throughput_bps"]
+        cache = uncommitted.data["committed_throughput_bps"]
+        print(
+            f"disk (dd conv=fsync, before/after) {before * 8e-6:.1f}/{after * 8e-6:.1f} Mbit/s; "
+            f"rsync_disk 64M commit=at_end {got / 1e6:.1f} Mbit/s (transfer "
+            f"{committed.data['transfer_s']:.2f} s + commit {committed.data['commit_s']:.2f} s), "
+            f"commit=none {cache / 1e6:.1f} Mbit/s"
+        )
+        assert got == pytest.approx(disk_bps, rel=0.1)
+        assert cache > 2 * disk_bps
+        # The lease removed each copy's directory (the uncommitted one after its write-back).
+        assert wait_until(lambda: not list(work.iterdir()), 40.0)
 
 
 def test_a_copy_onto_a_full_disk_is_a_failed_result_and_leaves_nothing(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from iepm.config import SshAccess
 from iepm.probes import rsync_disk, rsync_mem, xrdcp
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
+from iepm.remote.ssh import check_target
 from iepm.results import Outcome, Result
 from tests.helpers import free_port
 from tests.remote.conftest import wait_until
@@ -196,7 +197,7 @@ def test_a_hung_copy_is_killed_at_its_limit_and_cleaned_on_the_target(
     async def copy_and_stop() -> Result:
         task = asyncio.create_task(
             rsync_mem.run(
-                rsync_mem.Spec(size="1G", duration_s=4),
+                rsync_mem.Spec(size="1G", duration_s=10),
                 context(sshd.access(memory_dir=str(memory_dir))),
             )
         )
@@ -213,7 +214,7 @@ def test_a_hung_copy_is_killed_at_its_limit_and_cleaned_on_the_target(
     result = asyncio.run(copy_and_stop())
     assert stopped, f"the target's rsync never started: {result.error}"
     assert result.outcome == Outcome.TIMEOUT, (result.error, result.diags[-1500:])
-    assert "did not finish within its 4 s deadline" in (result.error or "")
+    assert "did not finish within its 10 s deadline" in (result.error or "")
     assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
 
 
@@ -223,6 +224,7 @@ from iepm.config import SshAccess
 from iepm.probes import rsync_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
+from iepm.remote.ssh import check_target
 access = SshAccess.model_validate_json(sys.argv[1])
 ctx = ProbeContext(target="loop", address="127.0.0.1", servers=server_source(access))
 result = asyncio.run(rsync_mem.run(rsync_mem.Spec(size="4G", duration_s=60), ctx))
@@ -285,3 +287,13 @@ def test_a_plain_or_agent_target_cannot_copy_over_ssh(memory_dir: Path) -> None:
     result = asyncio.run(rsync_mem.run(rsync_mem.Spec(size="4M"), ctx))
     assert result.outcome == Outcome.FAILED
     assert "give plain an [targets.ssh] table" in (result.error or "")
+
+
+def test_checking_an_ssh_target_reports_rsync_and_room_for_copies(
+    sshd: Sshd, memory_dir: Path, work_dir: Path
+) -> None:
+    access = sshd.access(memory_dir=str(memory_dir), work_dir=str(work_dir), step_timeout_s=STEP_S)
+    found = asyncio.run(check_target(access, "127.0.0.1"))
+    assert str(found["rsync"]).startswith("rsync  version ")
+    assert int(found["memory_dir_free_bytes"] or 0) > 0
+    assert int(found["work_dir_free_bytes"] or 0) > 0
