@@ -48,7 +48,8 @@ MetricOpt = Annotated[
     typer.Option(
         "--metric",
         help="Registered metric: key (throughput_bps, rtt_avg_ms) or name "
-        "(iperf3.throughput_bps); default: the first the monitor watches that the target has.",
+        "(iperf3.throughput_bps); default: the first the monitor watches that the target has. "
+        "With --csv: the export table's column of that key.",
     ),
 ]
 MonitorOpt = Annotated[
@@ -103,8 +104,12 @@ class Source:
         until: str | None = None,
     ) -> None:
         archive = db is not None or config is not None
-        if csv is not None and (archive or target is not None or metric is not None):
+        if csv is not None and (archive or target is not None):
             raise UsageError("give --csv, or --db/--config with --target, not both")
+        if csv is not None and metric is not None:
+            if column is not None:
+                raise UsageError("--metric and --column both name the value column: give one")
+            column = metric.rpartition(".")[2]  # an export table's columns are the keys
         if csv is None and not archive:
             raise UsageError("give the series: --csv FILE, or --db URL (or --config) --target T")
         if archive and target is None:

@@ -11,7 +11,10 @@ observations inside the 80% interval.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -240,12 +243,18 @@ def diurnal(s: PathSeries, utc_offset_hours: float = 0.0) -> dict[str, SineFit]:
 # -- Table 1: forecast error per host × probe ------------------------------------------------
 
 
-def table_metrics() -> list[Metric]:
-    """The metrics Table 1 scores: every one the monitor alerts on, except shares (a loss of
-    0 % has no relative error)."""
+def forecast_metrics() -> list[Metric]:
+    """The metrics forecast per path on the pages: every one the monitor alerts on, except
+    shares (a loss of 0 % has no relative error)."""
     return [
         m for m in all_metrics().values() if m.alert is not None and not m.key.endswith("_percent")
     ]
+
+
+def table_metrics() -> list[Metric]:
+    """The metrics Table 1 scores, as the seeds' table did: each transfer probe's rate (those
+    of the forecast metrics where higher is better)."""
+    return [m for m in forecast_metrics() if m.better == "higher"]
 
 
 @dataclass(frozen=True)
@@ -257,6 +266,28 @@ class ErrorRow:
     metric: Metric
     by_method: dict[str, ErrorSummary]
     chosen: dict[str, int]  # the ensemble's choices: member → forecasts
+
+
+# Table 1's walks by the series walked: a page asked for again (its window ending now, a few
+# seconds later) walks the same runs, and a walk is the page's cost. Bounded, thread-safe.
+_WALKS: OrderedDict[bytes, dict[str, list[Forecast]]] = OrderedDict()
+_WALKS_LOCK = threading.Lock()
+WALKS_KEPT = 64
+
+
+def _table_walks(t: FloatArray, y: FloatArray) -> dict[str, list[Forecast]]:
+    key = hashlib.blake2b(t.tobytes() + b"|" + y.tobytes(), digest_size=16).digest()
+    with _WALKS_LOCK:
+        found = _WALKS.get(key)
+        if found is not None:
+            _WALKS.move_to_end(key)
+            return found
+    walks = walk_forward_all(t, y, coverage=COVERAGE, methods=TABLE_METHODS)
+    with _WALKS_LOCK:
+        _WALKS[key] = walks
+        while len(_WALKS) > WALKS_KEPT:
+            _WALKS.popitem(last=False)
+    return walks
 
 
 def paths(archive: Archive, since: datetime, until: datetime) -> list[tuple[str, str, str]]:
@@ -287,7 +318,7 @@ def error_table(
             t, y = increasing(s.t, s.y)
             if t.size < START + 1:
                 continue
-            walks = walk_forward_all(t, y, coverage=COVERAGE, methods=TABLE_METHODS)
+            walks = _table_walks(t, y)
             cut = since.timestamp()
             scored = {m: [f for f in fcs if f.t >= cut] for m, fcs in walks.items()}
             if not scored["auto"]:

@@ -169,6 +169,11 @@ def test_cli_reads_a_path_of_the_archive_and_its_own_export(
     res = iepm("forecast", "--csv", str(export), "--monitor", "mon-a", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     from_export = json.loads(res.stdout)
+    # --metric names the export's column too.
+    by_metric = ["--monitor", "mon-a", "--metric", "iperf3.throughput_bps", "--json"]
+    res = iepm("forecast", "--csv", str(export), *by_metric, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == from_export
     assert [r["timestamp"] for r in from_export] == [r["timestamp"] for r in from_archive]
     for a, b in zip(from_archive, from_export, strict=True):
         # The export writes bit/s as integers: the same forecasts to that rounding.

@@ -59,8 +59,8 @@ def _percent(v: float) -> float | None:
 
 
 def panel_metrics(metrics: dict[str, Metric]) -> list[Metric]:
-    """What the panel forecasts: the metrics Table 1 scores that the page has."""
-    return [m for m in predict.table_metrics() if m.name in metrics]
+    """What the panel forecasts: the forecast metrics that the page has."""
+    return [m for m in predict.forecast_metrics() if m.name in metrics]
 
 
 def forecast_panel(
