@@ -15,7 +15,7 @@ from iepm.probes import all_metrics
 from iepm.results import format_time
 from iepm.web.context import UNKNOWN, Until, WebContext, now_of, web
 from iepm.web.pages import aggregate, compare, overview, target
-from iepm.web.tables import Table
+from iepm.web.tables import TableFormat, download, pick
 
 Context = Annotated[WebContext, Depends(web)]
 Window = Annotated[
@@ -38,28 +38,6 @@ class View(StrEnum):
     weekday = "weekday"
     workday = "workday"
     monthly = "monthly"
-
-
-class TableFormat(StrEnum):
-    csv = "csv"
-    tsv = "tsv"
-
-
-def download(table: Table, fmt: TableFormat, selection: str, stem: str) -> Response:
-    media = "text/csv" if fmt == TableFormat.csv else "text/tab-separated-values"
-    body = table.render(fmt.value, selection)
-    filename = f"{stem}-{table.name}.{fmt.value}".replace("/", "_")
-    return Response(
-        body,
-        media_type=f"{media}; charset=utf-8",
-        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
-    )
-
-
-def pick(tables: dict[str, Table], name: str) -> Table:
-    if name not in tables:
-        raise HTTPException(404, f"no table {name!r} here (tables: {', '.join(tables)})")
-    return tables[name]
 
 
 def _context(page: Any) -> dict[str, Any]:

@@ -14,9 +14,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
+from fastapi import HTTPException
+from fastapi.responses import Response
 
 from iepm.export import escape_tsv, format_cell, format_number, verbatim
 from iepm.probes.base import Column
@@ -350,3 +353,28 @@ def studies_table(rows: list[dict[str, Any]], total: int) -> Table:
             for r in rows
         ],
     )
+
+
+# -- downloads (every page's tables: here, below the pages, so any page can offer them) --
+
+
+class TableFormat(StrEnum):
+    csv = "csv"
+    tsv = "tsv"
+
+
+def download(table: Table, fmt: TableFormat, selection: str, stem: str) -> Response:
+    media = "text/csv" if fmt == TableFormat.csv else "text/tab-separated-values"
+    body = table.render(fmt.value, selection)
+    filename = f"{stem}-{table.name}.{fmt.value}".replace("/", "_")
+    return Response(
+        body,
+        media_type=f"{media}; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+def pick(tables: dict[str, Table], name: str) -> Table:
+    if name not in tables:
+        raise HTTPException(404, f"no table {name!r} here (tables: {', '.join(tables)})")
+    return tables[name]

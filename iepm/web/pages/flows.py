@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, NamedTuple
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from iepm.analysis.statistics import at
@@ -25,7 +25,7 @@ from iepm.flows.store import read_flows
 from iepm.results import format_time
 from iepm.web.context import UNKNOWN, Until, WebContext, now_of, web
 from iepm.web.queries import Queries
-from iepm.web.tables import HISTORY, Chart, Series, Table, col, num
+from iepm.web.tables import HISTORY, Chart, Series, Table, TableFormat, col, download, num, pick
 
 Context = Annotated[WebContext, Depends(web)]
 SOURCE = "passive"
@@ -285,14 +285,6 @@ def router() -> APIRouter:
     ) -> Response:
         page = await w.computed(data, w, until, probe.value, days, ports)
         selection = f"probe={probe.value} days={days} ports={ports} until={format_time(page.until)}"
-        if name not in page.tables:
-            raise HTTPException(404, f"no table {name!r} here (tables: {', '.join(page.tables)})")
-        # As the other pages' downloads (iepm.web.site, which imports the pages: not from here).
-        media = "text/csv" if format == Format.csv else "text/tab-separated-values"
-        return Response(
-            page.tables[name].render(format.value, selection),
-            media_type=f"{media}; charset=utf-8",
-            headers={"Content-Disposition": f'attachment; filename="flows-{name}.{format.value}"'},
-        )
+        return download(pick(page.tables, name), TableFormat(format.value), selection, "flows")
 
     return routes

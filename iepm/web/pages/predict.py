@@ -19,7 +19,7 @@ from iepm.probes.base import Metric
 from iepm.results import format_time
 from iepm.web.context import UNKNOWN, Until, WebContext, now_of, web
 from iepm.web.queries import Frame
-from iepm.web.tables import Chart, Series, Table, col, num
+from iepm.web.tables import Chart, Series, Table, TableFormat, col, download, num, pick
 
 Context = Annotated[WebContext, Depends(web)]
 ErrorWindow = Literal["1d", "7d", "28d", "90d", "365d"]
@@ -308,8 +308,6 @@ def router() -> APIRouter:
         window: ErrorWindow = "28d",
         until: Until = None,
     ) -> Response:
-        from iepm.web.site import TableFormat, download, pick
-
         page = data(w, until, window)
         selection = f"window={window} until={format_time(page.until)}"
         return download(pick(page.tables, name), TableFormat(format), selection, "forecasts")
