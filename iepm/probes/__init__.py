@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from iepm.probes import iperf3, load, ping, traceroute, xrdcp_disk, xrdcp_mem
+from iepm.probes import facts, iperf3, load, ping, traceroute, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import CONTRACT, Metric, Probe
 
 PROBES: dict[str, Probe] = {}
@@ -74,5 +74,5 @@ def default_probes() -> tuple[str, ...]:
     return tuple(name for name, probe in PROBES.items() if probe.META.default)
 
 
-for _module in (ping, traceroute, iperf3, load, xrdcp_mem, xrdcp_disk):
+for _module in (ping, traceroute, iperf3, load, facts, xrdcp_mem, xrdcp_disk):
     register(_module)
