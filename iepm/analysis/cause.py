@@ -50,6 +50,9 @@ HOST_FACTS = (
     "rmem_max_bytes",
     "wmem_max_bytes",
 )
+# Parameters that change from run to run without tuning anything: the port an agent or SSH
+# target leased for that run.
+NOT_TUNING = frozenset({"port"})
 # A handful of results per window is enough: the state just before, and the few after.
 WINDOW_LIMIT = 20
 
@@ -258,7 +261,11 @@ def _tuning_evidence(w: _Windows, probe: str) -> dict[str, Any] | None:
     before = w.before(probe)
     after = w.after(probe)
     if before and after:
-        changed = _diff(before[0].params, after[-1].params)
+        changed = {
+            k: v
+            for k, v in _diff(before[0].params, after[-1].params).items()
+            if k not in NOT_TUNING
+        }
         if changed:
             evidence["params"] = changed
     return evidence or None
