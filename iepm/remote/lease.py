@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -115,7 +114,7 @@ class SshServers:
         finally:
             conn.close()
         return RawRun(
-            argv=("ssh", f"{access.user}@{address}:{access.port}", shlex.join(argv)),
+            argv=("ssh", "-p", str(access.port), f"{access.user}@{address}", *argv),
             stdout=str(done.stdout or ""),
             stderr=str(done.stderr or ""),
             returncode=done.exit_status,
