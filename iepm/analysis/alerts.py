@@ -3,7 +3,13 @@
 An alert says which series changed (monitor, target, probe, metric), when it changed
 (``change_at``: the first sample of the new level) and when that was noticed (``detected_at``),
 the levels before and after, and the likely cause (``route``, ``host``, ``tuning`` or
-``unknown``) with its evidence in ``details``. ``delivered_at`` / ``delivery_attempts`` record the
+``unknown``) with its evidence in ``details``.
+
+A route change is an alert of its own: probe ``traceroute``, metric ``route``, direction
+``changed``, no levels, cause ``route``; ``details`` has the routes before and after and
+``hops_changed`` (silent hops never count). A step that the route caused is a second alert on
+its own metric, whose ``details["route"]["alert_id"]`` names the route alert: the two are one
+event (:func:`events`). ``delivered_at`` / ``delivery_attempts`` record the
 webhook's progress (:mod:`iepm.analysis.webhook`).
 """
 
@@ -22,6 +28,7 @@ from iepm.store.schema import alerts as ALERTS
 
 CAUSES = ("route", "host", "tuning", "unknown")
 ALERT_SCHEMA = 1
+ROUTE_METRIC = "route"
 
 
 @dataclass(frozen=True)
@@ -45,12 +52,19 @@ class Alert:
     def __post_init__(self) -> None:
         if self.cause not in CAUSES:
             raise ValueError(f"cause {self.cause!r} is not one of {', '.join(CAUSES)}")
-        if self.direction not in ("up", "down"):
-            raise ValueError(f"direction {self.direction!r} is not 'up' or 'down'")
+        directions = ("changed",) if self.metric == ROUTE_METRIC else ("up", "down")
+        if self.direction not in directions:
+            raise ValueError(f"direction {self.direction!r} is not {' or '.join(directions)}")
 
     @property
     def summary(self) -> str:
         """One line for people: ``cern-1 ping rtt_avg_ms up 40.1 → 92.3 (+130%), cause route``."""
+        if self.metric == ROUTE_METRIC:
+            hops = ", ".join(
+                f"hop {h['ttl']} {h['before'] or '(none)'} → {h['after'] or '(none)'}"
+                for h in self.details.get("hops_changed", [])
+            )
+            return f"{self.target} route changed: {hops or 'hops differ'}"
         pct = f" ({self.change_percent:+.0f}%)" if self.change_percent is not None else ""
         return (
             f"{self.target} {self.probe} {self.metric} {self.direction} "
@@ -153,6 +167,18 @@ def load_alerts(
     query = query.order_by(ALERTS.c.detected_at, ALERTS.c.id).limit(limit)
     with archive.reading("cannot read alerts") as conn:
         return [_alert(r) for r in conn.execute(query).mappings()]
+
+
+def events(alerts: list[Alert]) -> list[list[Alert]]:
+    """Alerts grouped by the event behind them, oldest first: a step caused by a route change
+    (``details["route"]["alert_id"]``) joins that route change's alert; any other alert is an
+    event of its own."""
+    groups: dict[str, list[Alert]] = {}
+    for alert in alerts:
+        route = alert.details.get("route") if isinstance(alert.details, dict) else None
+        linked = route.get("alert_id") if isinstance(route, dict) else None
+        groups.setdefault(linked if linked is not None else alert.id, []).append(alert)
+    return list(groups.values())
 
 
 def with_delivery(alert: Alert, attempts: int, delivered_at: datetime | None) -> Alert:

@@ -10,8 +10,11 @@ level. So the *before* state is the latest result started at least half an inter
 ``change_at`` until now. A cause is found when some after state differs from the before state:
 
 - ``route``: a traceroute's hop list (silent hops match any address);
-- ``host``: the load probe's host facts: kernel, CPU count, NIC speeds and MTUs, TCP buffer
-  limits, congestion control;
+- ``host``: the host facts of either end: the monitor's (the ``load`` probe) and the target's
+  (the ``facts`` probe, read through its agent or over SSH): kernel, CPU count, NIC speeds and
+  MTUs, TCP buffer limits, congestion control. ``details["host"]["end"]`` says which end
+  (``monitor``, ``target`` or ``both``), and each end's evidence lists the facts that changed
+  as ``[before, after]``;
 - ``tuning``: tuned parameters stored for the path in that time (table ``tuned_params``), or the
   parameters the changed probe actually ran with (``params`` of its results).
 
@@ -35,6 +38,9 @@ Route = list[str | None]
 # The probes whose results are a path's route and a host's facts (what a cause is looked for in).
 ROUTE_PROBE = "traceroute"
 HOST_PROBE = "load"
+TARGET_PROBE = "facts"
+# Each end of a path, and the probe whose results are its facts.
+HOST_ENDS = (("monitor", HOST_PROBE), ("target", TARGET_PROBE))
 HOST_FACTS = (
     "kernel_release",
     "cpu_count",
@@ -44,6 +50,9 @@ HOST_FACTS = (
     "rmem_max_bytes",
     "wmem_max_bytes",
 )
+# Parameters that change from run to run without tuning anything: the port an agent or SSH
+# target leased for that run.
+NOT_TUNING = frozenset({"port"})
 # A handful of results per window is enough: the state just before, and the few after.
 WINDOW_LIMIT = 20
 
@@ -102,8 +111,8 @@ def route_text(route: Sequence[str | None]) -> str:
 
 
 def host_facts(result: Result) -> dict[str, Any] | None:
-    """The facts of a load result that explain throughput, without the ones that always move
-    (load averages, free memory, clock)."""
+    """The facts of a load or facts result that explain throughput, without the ones that
+    always move (load averages, free memory, clock)."""
     if not result.succeeded or not result.data:
         return None
     facts = {k: result.data.get(k) for k in HOST_FACTS}
@@ -193,24 +202,40 @@ def _route_evidence(w: _Windows) -> dict[str, Any] | None:
     }
 
 
-def _host_evidence(w: _Windows) -> dict[str, Any] | None:
-    before = next(((r, f) for r in w.before(HOST_PROBE) if (f := host_facts(r)) is not None), None)
+def _end_evidence(w: _Windows, probe: str) -> dict[str, Any] | None:
+    """The facts of one end that differ between the state before and the latest after."""
+    before = next(((r, f) for r in w.before(probe) if (f := host_facts(r)) is not None), None)
     if before is None:
         return None
     old_result, old = before
-    for r in reversed(w.after(HOST_PROBE)):
+    for r in reversed(w.after(probe)):
         facts = host_facts(r)
         if facts is None:
             continue
         changed = _diff(old, facts)
         if changed:
             return {
+                "probe": probe,
                 "changed": changed,
                 "before_at": format_time(old_result.started_at),
                 "after_at": format_time(r.started_at),
             }
         return None
     return None
+
+
+def _host_evidence(w: _Windows) -> dict[str, Any] | None:
+    """Which end's host changed, and how: the end's evidence at the top level when one end
+    changed (``end`` names it); when both did, each end's under its name and ``changed``
+    with the facts prefixed by their end (``target.rmem_max_bytes``)."""
+    ends = {end: ev for end, probe in HOST_ENDS if (ev := _end_evidence(w, probe)) is not None}
+    if not ends:
+        return None
+    if len(ends) == 1:
+        ((end, evidence),) = ends.items()
+        return {"end": end, **evidence}
+    changed = {f"{end}.{k}": v for end, ev in ends.items() for k, v in ev["changed"].items()}
+    return {"end": "both", "changed": changed, **ends}
 
 
 def _tuning_evidence(w: _Windows, probe: str) -> dict[str, Any] | None:
@@ -236,7 +261,11 @@ def _tuning_evidence(w: _Windows, probe: str) -> dict[str, Any] | None:
     before = w.before(probe)
     after = w.after(probe)
     if before and after:
-        changed = _diff(before[0].params, after[-1].params)
+        changed = {
+            k: v
+            for k, v in _diff(before[0].params, after[-1].params).items()
+            if k not in NOT_TUNING
+        }
         if changed:
             evidence["params"] = changed
     return evidence or None

@@ -17,6 +17,11 @@ from the archive, so it neither needs a new warm-up nor raises alerts about the 
 On a detection the cause is looked up (:func:`iepm.analysis.cause.attribute`), the alert is
 stored in the ``alerts`` table and queued for the webhook (:mod:`iepm.analysis.webhook`).
 
+A route change is an alert of its own, raised at the first traceroute on the new route
+(:meth:`AlertWatcher._watch_route`; silent hops never count): probe ``traceroute``, metric
+``route``, with the hops that changed. A step the route caused is still its own alert, with
+cause ``route`` and ``details["route"]["alert_id"]`` naming the route alert (one event).
+
 For the adaptive scheduler (:mod:`iepm.analysis.adaptive`) the watcher also keeps, per bandwidth
 series, the ensemble forecast of the next sample with its 80% interval and the number of calm
 samples in a row (not deviant for the step detector, forecast interval narrow), and it knows
@@ -33,23 +38,25 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
-from iepm.analysis.alerts import Alert, finite_or_none, store_alert
-from iepm.analysis.cause import Route, attribute, route_of, same_route
+from iepm.analysis.alerts import ROUTE_METRIC, Alert, finite_or_none, store_alert
+from iepm.analysis.cause import ROUTE_PROBE, Route, attribute, route_of, same_route
 from iepm.analysis.changes import ChangePoint, OnlineDetector
 from iepm.analysis.forecast import forecast_next
 from iepm.analysis.series import AnalysisError
 from iepm.analysis.webhook import Notifier, WebhookSender
 from iepm.config import Config
 from iepm.probes import all_metrics, metrics_of
-from iepm.results import Result, utcnow
+from iepm.results import Result, format_time, utcnow
 from iepm.store import Archive
 
 log = logging.getLogger(__name__)
 
 HISTORY = 200  # results replayed when a series is first met
+WINDOW = 20  # earlier traceroutes looked at, route alerts kept, per target
 FORECAST_HISTORY = 60  # samples the cadence's forecast looks at
 
 
@@ -228,7 +235,10 @@ class AlertWatcher:
         self.tracks: dict[tuple[str, str, str], Track] = {}
         self.alerts: list[Alert] = []  # raised since this watcher started, oldest first
         self.cycle = 0
-        self._routes: dict[str, Route] = {}
+        # Per target: the known route (silent hops filled from earlier traceroutes), when it
+        # was last seen, and the route alerts raised (their steps point at them).
+        self._routes: dict[str, tuple[Route, datetime]] = {}
+        self._route_alerts: dict[str, list[Alert]] = {}
         self._suspect_until: dict[str, int] = {}
 
     @property
@@ -246,8 +256,7 @@ class AlertWatcher:
         """Feed one stored result; returns the alerts it raised."""
         if result.monitor != self.monitor:
             return []
-        self._watch_route(result)  # route_of reads only results that carry hops
-        raised = []
+        raised = self._watch_route(result)  # route_of reads only results that carry hops
         for rule in self.rules:
             if rule.probe != result.probe:
                 continue
@@ -290,14 +299,79 @@ class AlertWatcher:
     def _suspect(self, target: str) -> None:
         self._suspect_until[target] = self.cycle + 1
 
-    def _watch_route(self, result: Result) -> None:
+    def _watch_route(self, result: Result) -> list[Alert]:
         route = route_of(result)
         if route is None:
-            return
-        old = self._routes.get(result.target)
-        if old is not None and not same_route(old, route):
+            return []
+        known = self._routes.get(result.target) or self._route_before(result)
+        self._routes[result.target] = (route, result.started_at)
+        if known is None:
+            return []
+        old, old_at = known
+        if not same_route(old, route):
             self._suspect(result.target)
-        self._routes[result.target] = route
+            if hops_changed(old, route):  # not when only silent hops make the lengths differ
+                return [self._raise_route(result, old, old_at, route)]
+            return []
+        # The same route: hops silent now keep the address seen there before, so that
+        # a-b-c, a-*-c, a-x-c is one change (at a-x-c), as cause.route_changes counts it.
+        filled = [new if new is not None else prev for prev, new in zip(old, route, strict=True)]
+        self._routes[result.target] = (filled, result.started_at)
+        return []
+
+    def _route_before(self, result: Result) -> tuple[Route, datetime] | None:
+        """The route of the target's latest earlier traceroute in the archive (a restarted
+        watcher neither misses a change nor reports an old one)."""
+        for old in self.archive.results(
+            probe=ROUTE_PROBE,
+            target=result.target,
+            monitor=self.monitor,
+            until=result.started_at,
+            order="desc",
+            limit=WINDOW,
+        ):
+            route = route_of(old)
+            if route is not None:
+                return route, old.started_at
+        return None
+
+    def _raise_route(self, result: Result, old: Route, old_at: datetime, route: Route) -> Alert:
+        alert = Alert(
+            monitor=self.monitor,
+            target=result.target,
+            probe=ROUTE_PROBE,
+            metric=ROUTE_METRIC,
+            detected_at=utcnow(),
+            change_at=result.started_at,
+            direction="changed",
+            before=None,
+            after=None,
+            change_percent=None,
+            cause="route",
+            details={
+                "before": old,
+                "after": route,
+                "hops_changed": hops_changed(old, route),
+                "before_at": format_time(old_at),
+                "after_at": format_time(result.started_at),
+                "result_id": result.id,
+            },
+        )
+        self._route_alerts.setdefault(result.target, []).append(alert)
+        del self._route_alerts[result.target][:-WINDOW]
+        self._deliver(alert)
+        return alert
+
+    def _route_alert_for(self, target: str, since: datetime, until: datetime) -> Alert | None:
+        """The latest route alert of ``target`` whose change lies in [since, until]."""
+        return next(
+            (
+                a
+                for a in reversed(self._route_alerts.get(target, []))
+                if since <= a.change_at <= until
+            ),
+            None,
+        )
 
     def _track(self, rule: Rule, result: Result) -> Track:
         key = (result.target, rule.probe, rule.metric)
@@ -367,6 +441,11 @@ class AlertWatcher:
             last_before_t, change_t = at_route_change(
                 list(track.samples), change_t, details["route"]["first_after_at"]
             )
+            route_alert = self._route_alert_for(
+                target, datetime.fromisoformat(details["route"]["before_at"]), now
+            )
+            if route_alert is not None:
+                details["route"]["alert_id"] = route_alert.id  # the same event
         details["samples_to_alert"] = (
             (cp.alert_index - cp.index + 1) if cp.alert_index is not None else None
         )
@@ -385,14 +464,30 @@ class AlertWatcher:
             cause=cause,
             details=details,
         )
+        self._deliver(alert)
+        return alert
+
+    def _deliver(self, alert: Alert) -> None:
         self.alerts.append(alert)
         log.warning("alert: %s", alert.summary)
         if not self.store:
-            return alert
+            return
         store_alert(self.archive, alert)
         if self.notifier is not None:
             self.notifier.submit(alert)
-        return alert
+
+
+def hops_changed(before: Route, after: Route) -> list[dict[str, Any]]:
+    """The hops that differ, by TTL: both answered with other addresses, or the hop exists on
+    one route only (None on the side without it). A silent hop is never a change."""
+    out: list[dict[str, Any]] = []
+    for i in range(max(len(before), len(after))):
+        a = before[i] if i < len(before) else None
+        b = after[i] if i < len(after) else None
+        beyond = i >= len(before) or i >= len(after)
+        if (a is not None and b is not None and a != b) or (beyond and (a or b)):
+            out.append({"ttl": i + 1, "before": a, "after": b})
+    return out
 
 
 def step_at(samples: list[tuple[float, float]], change_t: float) -> tuple[float, float]:

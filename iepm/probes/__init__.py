@@ -10,6 +10,7 @@ from typing import Any
 
 from iepm.probes import (
     abw,
+    facts,
     iperf3,
     load,
     ping,
@@ -84,5 +85,16 @@ def default_probes() -> tuple[str, ...]:
     return tuple(name for name, probe in PROBES.items() if probe.META.default)
 
 
-for _module in (ping, traceroute, iperf3, load, xrdcp_mem, xrdcp_disk, rsync_mem, rsync_disk, abw):
+for _module in (
+    ping,
+    traceroute,
+    iperf3,
+    load,
+    facts,
+    xrdcp_mem,
+    xrdcp_disk,
+    rsync_mem,
+    rsync_disk,
+    abw,
+):
     register(_module)

@@ -32,11 +32,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from iepm.errors import ParseError, ToolFailed, ToolNotFound
+from iepm.errors import ParseError, RemoteError, ToolFailed, ToolNotFound
 from iepm.rawlog import RawLog
 from iepm.results import Outcome, Result, utcnow
 from iepm.runner import RawRun, run_command, tool_version
@@ -210,6 +210,17 @@ class ServerSource(Protocol):
     ) -> AbstractAsyncContextManager[ServerLease]: ...
 
 
+@runtime_checkable
+class FactsSource(Protocol):
+    """Reads the target host's facts (``iepm.remote``: an agent's ``/v1/facts``, or ``argv``
+    run over SSH); the answer is a RawRun whose stdout is the JSON document received.
+    RemoteError when the target cannot be reached in ``deadline_s``."""
+
+    async def facts(
+        self, argv: list[str], *, target: str, address: str, netns: str | None, deadline_s: float
+    ) -> RawRun: ...
+
+
 class Probe(Protocol):
     """The contract of a probe module (see the module docstring); modules satisfy it as they
     are, so :data:`iepm.probes.PROBES` is typed without a base class."""
@@ -264,6 +275,18 @@ class ProbeContext:
         if self.servers is None:
             return _plain(self.address)
         return self.servers.lease(need, target=self.target, address=self.address, netns=self.netns)
+
+    def can_read_facts(self) -> bool:
+        """Whether the target's host facts can be read (an agent or SSH target)."""
+        return isinstance(self.servers, FactsSource)
+
+    async def facts(self, argv: list[str], deadline_s: float) -> RawRun:
+        """The target's facts document (see :class:`FactsSource`)."""
+        if not isinstance(self.servers, FactsSource):
+            raise RemoteError(f"{self.target} is a plain endpoint: its facts cannot be read")
+        return await self.servers.facts(
+            argv, target=self.target, address=self.address, netns=self.netns, deadline_s=deadline_s
+        )
 
 
 @contextlib.asynccontextmanager

@@ -170,7 +170,6 @@ class Agent:
         self.recent: dict[str, Slot] = {}
         self.grants: dict[str, deque[float]] = {}
         self.lock = asyncio.Lock()
-        self._facts: tuple[float, Facts] | None = None
         self.buffer_defaults = tcp_buffer_defaults()
 
     # -- start-up / shutdown -------------------------------------------------------------------
@@ -243,8 +242,8 @@ class Agent:
     # -- facts ----------------------------------------------------------------------------------
 
     async def facts(self) -> Facts:
-        if self._facts is not None and time.monotonic() - self._facts[0] < 60.0:
-            return self._facts[1]
+        # Read afresh at each request (a few small files): a monitor's facts probe must see a
+        # changed buffer limit at once. Tool versions are cached by tool_version itself.
         data = await asyncio.wait_for(asyncio.to_thread(host_facts), 10.0)
         tools = {
             kind.name: await tool_version([self.settings.program(kind.name), *kind.version_argv])
@@ -259,7 +258,6 @@ class Agent:
                 "tools": tools,
             }
         )
-        self._facts = (time.monotonic(), facts)
         return facts
 
     # -- limits ---------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ port for the length of its run; it never imports this package."""
 from __future__ import annotations
 
 import contextlib
+import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,8 @@ from iepm.errors import RemoteError
 from iepm.probes.base import SSH_LOGIN, ServerLease, ServerNeed, ServerSource, SshLogin
 from iepm.remote.access import AgentAccess, SshAccess
 from iepm.remote.protocol import SlotRequest
+from iepm.results import utcnow
+from iepm.runner import RawRun
 
 
 def slot_request(need: ServerNeed, label: str | None = None) -> SlotRequest:
@@ -59,6 +63,26 @@ class AgentServers:
                 f"{slot.ready_ms:.0f} ms, killed by the agent at +{slot.deadline_s:.0f} s]",
             )
 
+    async def facts(
+        self, argv: list[str], *, target: str, address: str, netns: str | None, deadline_s: float
+    ) -> RawRun:
+        """The agent's ``/v1/facts`` answer as the raw run (``argv`` is for SSH targets)."""
+        from iepm.remote.client import AgentClient
+
+        client = AgentClient.from_access(self.access, netns=netns)
+        client.timeout_s = min(client.timeout_s, deadline_s)
+        started_at, t0 = utcnow(), time.monotonic()
+        status, body = await client.request("GET", "/v1/facts")
+        ok = status < 300
+        return RawRun(
+            argv=("GET", f"{client.url}/v1/facts"),
+            stdout=json.dumps(body) if ok else "",
+            stderr="" if ok else f"HTTP {status}: {json.dumps(body)[:500]}",
+            returncode=0 if ok else status,
+            started_at=started_at,
+            duration_s=time.monotonic() - t0,
+        )
+
 
 @dataclass(frozen=True)
 class SshServers:
@@ -100,6 +124,28 @@ class SshServers:
                 f"[ssh {access.user}@{address}:{access.port}: {need.kind} -s on port "
                 f"{server.port} in {server.workdir} ready in {server.ready_ms:.0f} ms]",
             )
+
+    async def facts(
+        self, argv: list[str], *, target: str, address: str, netns: str | None, deadline_s: float
+    ) -> RawRun:
+        """``argv`` (the facts snapshot) run on the target; its output as the raw run."""
+        from iepm.remote import ssh
+
+        access = self.access
+        started_at, t0 = utcnow(), time.monotonic()
+        conn = await ssh.connect(access, address, netns)
+        try:
+            done = await ssh.run_remote(conn, argv, deadline_s)
+        finally:
+            conn.close()
+        return RawRun(
+            argv=("ssh", "-p", str(access.port), f"{access.user}@{address}", *argv),
+            stdout=str(done.stdout or ""),
+            stderr=str(done.stderr or ""),
+            returncode=done.exit_status,
+            started_at=started_at,
+            duration_s=time.monotonic() - t0,
+        )
 
 
 def server_source(access: AgentAccess | SshAccess | None) -> ServerSource | None:

@@ -272,7 +272,7 @@ ALERT_COLUMNS = [
     col("monitor", "monitoring host"),
     col("target", "target name"),
     col("metric", "probe.metric that changed, unit in the name"),
-    col("direction", "up or down"),
+    col("direction", "up or down; changed for a route change (metric traceroute.route)"),
     col("before", "level before the change, in the metric's unit"),
     col("after", "level after the change, in the metric's unit"),
     col("change_percent", "(after - before) / before, percent"),

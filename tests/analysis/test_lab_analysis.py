@@ -168,6 +168,15 @@ def test_a_route_switch_raises_alerts_attributed_to_the_route_within_3_cycles(
         cycles_to_alert = sum(1 for r in after if r.started_at <= alert.detected_at)
         assert 1 <= cycles_to_alert <= 3, f"{metric} alert in cycle {cycles_to_alert} after"
         assert alert.change_at.timestamp() >= applied - 2.0
+    # The route change is an alert of its own, with the hop that changed; the steps name it.
+    route = by_metric["route"]
+    assert (route.probe, route.direction, route.cause) == ("traceroute", "changed", "route")
+    changed_hop = {"ttl": 2, "before": lab.address("r2"), "after": lab.address("r3")}
+    assert route.details["hops_changed"] == [changed_hop]
+    # At the first traceroute on the new route: in the first cycle after the switch at latest.
+    assert sum(1 for r in after if r.started_at <= route.detected_at) <= 1
+    for metric in ("rtt_avg_ms", "throughput_bps"):
+        assert by_metric[metric].details["route"]["alert_id"] == route.id
     rtt = by_metric["rtt_avg_ms"]
     assert rtt.before is not None and rtt.after is not None
     assert 12 < rtt.before < 17 and 50 < rtt.after < 60

@@ -87,7 +87,9 @@ def test_target_page_draws_the_route_change_its_alert_and_the_outage(
                 switched_at.append(datetime.now().astimezone())
                 for n in range(1, AFTER_SWITCH + 1):
                     await scheduler.run_cycle()
-                    if load_alerts(archive):
+                    # The route alert comes at the switch's own traceroute; the RTT step's
+                    # within 3 cycles of it.
+                    if any(a.metric == "rtt_avg_ms" for a in load_alerts(archive)):
                         cycles_to_alert.append(n)
                         break
                 # cern's only path is cut: its ping and traceroute fail from now on.
@@ -99,9 +101,14 @@ def test_target_page_draws_the_route_change_its_alert_and_the_outage(
         in_thread(measure, timeout_s=240.0)
         alerts = load_alerts(archive)
         assert cycles_to_alert, "no alert within 3 cycles of the route switch"
-        assert len(alerts) == 1, [a.summary for a in alerts]
-        (alert,) = alerts
+        # One event, two alerts: the route change (its own alert since issue 15) and the RTT
+        # step it caused, which names it.
+        assert len(alerts) == 2, [a.summary for a in alerts]
+        route, alert = alerts
+        assert (route.metric, route.direction, route.cause) == ("route", "changed", "route")
         assert (alert.metric, alert.direction, alert.cause) == ("rtt_avg_ms", "up", "route")
+        assert alert.details["route"]["alert_id"] == route.id
+        assert route.change_at >= switched_at[0]
         assert alert.change_at >= switched_at[0]
         assert alert.details["route"]["after"][-2] == demo.lab.address("backup")
         handle = serve_in_background(demo.config.monitor.archive, "127.0.0.1", free_port())
@@ -124,8 +131,9 @@ def test_target_page_draws_the_route_change_its_alert_and_the_outage(
             assert outage["reason"].startswith("failed: ")
             assert page.evaluate("window.iepmCharts.loss.data[1].at(-1)") == 100
             rows = page.locator("#table-alerts tbody tr")
-            assert rows.count() == 1
+            assert rows.count() == 2  # newest first: the RTT step, then the route change
             assert "route" in rows.first.inner_text()
+            assert "traceroute.route" in rows.nth(1).inner_text()
             shoot(page, "lab-alert-target")
         finally:
             handle.stop()
