@@ -7,12 +7,18 @@ stays put."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from iepm.analysis.cause import hop_addresses, route_changes
+from iepm.analysis.watch import AlertWatcher
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
 from iepm.probes import traceroute
+from iepm.probes.base import ProbeContext, result_from_raw
+from iepm.results import Result
+from iepm.store import Archive
 
 pytestmark = pytest.mark.lab
 
@@ -48,12 +54,29 @@ def lab(module_lab_factory: LabFactory) -> Lab:
     return lab
 
 
-def trace(lab: Lab, paris: bool) -> list[str | None]:
+def traced(lab: Lab, paris: bool) -> Result:
+    """One traceroute run from mon to tgt, as the probe stores it."""
     spec = traceroute.Spec(paris=paris, wait_s=1.0, max_hops=8)
     raw = lab.exec("mon", traceroute.build_argv(spec, lab.address("tgt")), 60)
-    data = traceroute.parse(raw, spec)
-    assert data["reached"], raw.stdout
-    return hop_addresses(data)
+    ctx = ProbeContext(target="tgt", address=lab.address("tgt"), monitor="mon")
+    result = result_from_raw(traceroute, spec, ctx, raw, None)
+    assert result.succeeded and result.data["reached"], raw.stdout
+    return result
+
+
+def trace(lab: Lab, paris: bool) -> list[str | None]:
+    return hop_addresses(traced(lab, paris).data)
+
+
+def route_alerts(results: list[Result], tmp_path: Path) -> int:
+    """Route-change alerts the watcher raises over these runs, stored as the scheduler does."""
+    with Archive.open(f"sqlite:///{tmp_path}.db") as archive:
+        watcher = AlertWatcher(archive, "mon")
+        raised = 0
+        for result in results:
+            archive.add(result)
+            raised += sum(a.metric == "route" for a in watcher.observe(result))
+        return raised
 
 
 def test_plain_udp_traceroute_flaps_over_equal_cost_paths(lab: Lab) -> None:
@@ -65,6 +88,18 @@ def test_plain_udp_traceroute_flaps_over_equal_cost_paths(lab: Lab) -> None:
             break
     assert {r[1] for r in routes} == middle, routes  # both paths were taken
     assert any(route_changes(routes)), routes
+
+
+def test_route_alerts_flap_in_plain_mode_and_stay_quiet_in_paris_mode(
+    lab: Lab, tmp_path: Path
+) -> None:
+    plain: list[Result] = []
+    while len({tuple(hop_addresses(r.data)) for r in plain}) < 2:
+        assert len(plain) < MAX_PLAIN_RUNS, "plain traceroute kept one path"
+        plain.append(traced(lab, paris=False))
+    assert route_alerts(plain, tmp_path / "plain") >= 1
+    paris = [traced(lab, paris=True) for _ in range(PARIS_RUNS)]
+    assert route_alerts(paris, tmp_path / "paris") == 0
 
 
 def test_paris_traceroute_keeps_one_route_over_equal_cost_paths(lab: Lab) -> None:
