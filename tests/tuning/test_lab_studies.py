@@ -124,7 +124,7 @@ def test_early_stop_saves_traffic(lab_factory: LabFactory, archive: Archive) -> 
     assert abs(s["difference"]) <= 0.1, s
     assert s["traffic_share"] < 0.6, s
     # Both runs are in the archive as successful results, the early one marked early-stopped.
-    stored = archive.results(probe="iperf3", purpose="study")
+    stored = list(archive.results(probe="iperf3", purpose="study"))
     assert sorted(r.outcome.value for r in stored) == ["ok", "ok"]
     assert sorted(bool(r.data.get("early_stopped")) for r in stored) == [False, True]
     # ...as study results, not the path's routine series (issue 19).
