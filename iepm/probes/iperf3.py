@@ -385,6 +385,14 @@ def summary(data: dict[str, Any]) -> str:
         text += f", rtt {figure(d.get('mean_rtt_ms'))} ms"
     if d.get("jitter_ms") is not None:
         text += f", jitter {figure(d.get('jitter_ms'))} ms, loss {figure(d.get('loss_percent'))}%"
+    if d.get("early_stopped"):
+        measured = mbps(d.get("measured_throughput_bps"))
+        saved_mb = (d.get("bytes_saved") or 0) / 1e6
+        text = (
+            f"{mbps(d.get('throughput_bps'))} estimated for the full test, early-stopped after "
+            f"{figure(d.get('stopped_after_s'))} s (measured {measured} sent, {saved_mb:.1f} MB "
+            f"saved), retransmits {d.get('retransmits', '-')}"
+        )
     return text
 
 

@@ -163,3 +163,9 @@ def test_reextraction_from_the_raw_log_reproduces_the_stored_result(tmp_path: Pa
     assert d["early_stopped"] is True and d["throughput_bps"] == first.data["throughput_bps"]
     for key in ("measured_throughput_bps", "bytes_saved", "bytes_sent", "stopped_after_s"):
         assert d[key] is not None and d[key] > 0, key
+
+
+def test_summary_says_the_run_was_stopped_early() -> None:
+    line = iperf3.summary(iperf3.parse(early_raw()))
+    assert line.startswith("27.8 Mbit/s estimated for the full test, early-stopped after 3.36 s")
+    assert "measured 31.0 Mbit/s sent, 21.5 MB saved" in line
