@@ -18,7 +18,16 @@ Figures, over all runs:
   10% of each other — how often two full tests agree at all; ``ratio`` = live share ÷ baseline.
 
     .venv/bin/python benchmarks/early_stop.py [--runs-per-path 5] [--json-out FILE]
-        [--path-set report|tune] [--samples-out FILE]
+        [--path-set report|tune] [--samples-out FILE] [--mode study|routine]
+
+``--mode routine`` measures the probe's routine mode, as the scheduler runs it: per run, one
+``iperf3.run(Spec(early_stop=True))`` (server lease, raw log, stored as a successful
+early-stopped result) and one ordinary full ``iperf3.run(Spec())``, on the same path. Figures
+per path and pooled: ``within_10pct_share`` (the early result's ``throughput_bps`` within 10%
+of the full run's), ``traffic_share_mean`` (early ``bytes_sent`` ÷ full ``bytes_sent``, both
+bytes written by iperf3), ``early_stopped_share``, and ``reextracted_equal`` (the result
+parsed again from its raw-log record is the stored one); baseline as above (full vs the
+previous full), ``ratio`` = within share ÷ baseline.
 
 ``--path-set tune`` uses other paths and another lab seed: the detector's thresholds were chosen
 on that set (replaying its ``--samples-out`` series offline), and the figures are reported on the
@@ -34,6 +43,7 @@ import asyncio
 import json
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -44,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from iepm.lab import Lab
 from iepm.lab.testing import unique_lab_name
 from iepm.probes import iperf3
-from iepm.probes.base import ProbeContext
+from iepm.probes.base import ProbeContext, result_from_raw
+from iepm.rawlog import RawLog
 from iepm.tuning.early_stop import EarlyStopConfig, adaptive_run
 
 # (name, one-way delay ms, rate Mbit/s, loss % per direction)
@@ -92,15 +103,128 @@ def within(a: float | None, b: float | None, tol: float = 0.1) -> bool:
     return bool(a and b and abs(a - b) <= tol * b)
 
 
+def routine(
+    lab: Lab, paths: list[tuple[str, int, int, float]], runs_per_path: int
+) -> dict[str, Any]:
+    """The probe's early_stop mode against ordinary full runs, path by path."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="iepm-bench-early-") as logs:
+        log = RawLog(logs)
+        for name, delay, rate, loss in paths:
+            server = lab.popen(name, ["iperf3", "-s", "-B", lab.address(name)])
+            lab.wait_listening(name)
+            ctx = ProbeContext(
+                target=name, address=lab.address(name), netns=lab.netns("mon"), raw_log=log
+            )
+            previous_full: float | None = None
+            for i in range(runs_per_path):
+                early = asyncio.run(iperf3.run(iperf3.Spec(early_stop=True), ctx))
+                full = asyncio.run(iperf3.run(iperf3.Spec(), ctx))
+                logged = next(r for r in log.runs() if r.raw.token == early.raw_token)
+                again = result_from_raw(
+                    iperf3, iperf3.Spec.model_validate(logged.params), ctx, logged.raw, None
+                )
+                d, f = early.data, full.data
+                row = {
+                    "path": name,
+                    "rtt_ms": 2 * delay,
+                    "rate_mbit": rate,
+                    "loss_percent": loss,
+                    "run": i,
+                    "early_ok": early.succeeded,
+                    "early_stopped": bool(d.get("early_stopped")),
+                    "early_bps": d.get("throughput_bps") if early.succeeded else None,
+                    "early_measured_bps": d.get("measured_throughput_bps"),
+                    "stopped_after_s": d.get("stopped_after_s"),
+                    "early_bytes_sent": d.get("bytes_sent"),
+                    "bytes_saved": d.get("bytes_saved"),
+                    "full_bps": f.get("throughput_bps") if full.succeeded else None,
+                    "full_bytes_sent": f.get("bytes_sent") if full.succeeded else None,
+                    "previous_full_bps": previous_full,
+                    "reextracted_equal": again.data == early.data
+                    and again.outcome == early.outcome,
+                    "early_error": early.error,
+                }
+                rows.append(row)
+                previous_full = row["full_bps"]
+                sys.stderr.write(json.dumps(row) + "\n")
+            lab.stop(server)
+    return summarise_routine(rows, [name for name, *_ in paths])
+
+
+def summarise_routine(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    def figures(sel: list[dict[str, Any]]) -> dict[str, Any]:
+        valid = [r for r in sel if r["full_bps"] and r["full_bytes_sent"]]
+        pairs = [r for r in valid if r["previous_full_bps"]]
+        within_share = (
+            sum(within(r["early_bps"], r["full_bps"]) for r in valid) / len(valid)
+            if valid
+            else None
+        )
+        baseline = (
+            sum(within(r["full_bps"], r["previous_full_bps"]) for r in pairs) / len(pairs)
+            if pairs
+            else None
+        )
+        shares = [
+            min(1.0, r["early_bytes_sent"] / r["full_bytes_sent"])
+            for r in valid
+            if r["early_bytes_sent"]
+        ]
+        errors = [abs(r["early_bps"] / r["full_bps"] - 1) for r in valid if r["early_bps"]]
+        return {
+            "runs": len(sel),
+            "valid_runs": len(valid),
+            "within_10pct_share": within_share,
+            "traffic_share_mean": statistics.fmean(shares) if shares else None,
+            "traffic_share_max": max(shares) if shares else None,
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "early_stopped_share": sum(r["early_stopped"] for r in sel) / len(sel) if sel else None,
+            "median_stop_s": statistics.median(
+                [r["stopped_after_s"] for r in sel if r["stopped_after_s"]] or [0]
+            ),
+            "median_full_mbps": statistics.median([r["full_bps"] / 1e6 for r in valid] or [0]),
+            "reextracted_equal": all(r["reextracted_equal"] for r in sel),
+            "baseline_within_10pct_share_full_vs_full": baseline,
+            "ratio_within_share_to_baseline": within_share / baseline
+            if within_share and baseline
+            else None,
+        }
+
+    return {
+        "pooled": figures(rows),
+        "per_path": {name: figures([r for r in rows if r["path"] == name]) for name in names},
+        "runs_detail": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-per-path", type=int, default=5)
     parser.add_argument("--json-out", type=Path)
     parser.add_argument("--path-set", choices=sorted(PATH_SETS), default="report")
     parser.add_argument("--samples-out", type=Path, help="JSON lines: each run's TCP_INFO series")
+    parser.add_argument("--mode", choices=["study", "routine"], default="study")
     args = parser.parse_args()
     paths, seed = PATH_SETS[args.path_set]
     cfg = EarlyStopConfig(full_duration_s=10)
+    if args.mode == "routine":
+        t_start = time.monotonic()
+        with Lab.up(topology(paths, seed), name=unique_lab_name("bench")) as lab:
+            figures = routine(lab, paths, args.runs_per_path)
+        report_routine = {
+            "benchmark": "early_stop",
+            "mode": "routine",
+            "path_set": args.path_set,
+            "goals": {"within_10pct_share": 0.9, "traffic_share_mean": 0.5},
+            **figures,
+            "wall_s": round(time.monotonic() - t_start, 1),
+        }
+        text = json.dumps(report_routine, indent=1)
+        if args.json_out:
+            args.json_out.write_text(text + "\n")
+        print(text)
+        return
     runs: list[dict[str, Any]] = []
     t0 = time.monotonic()
     with Lab.up(topology(paths, seed), name=unique_lab_name("bench")) as lab:

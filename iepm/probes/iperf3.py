@@ -25,6 +25,17 @@ in iperf3's report. ``parse()`` must stay pure and ``iepm extract`` must reprodu
 log alone, so ``run()`` reads the clock (``load.local_cpu_mhz()``) and passes it to iperf3 as
 ``--extra-data cpu_mhz=<MHz>``; iperf3 echoes it in the report's ``extra_data`` and ``parse()``
 reads it from there. A report without it gives ``cpu_mhz``/``mhz_per_mbps`` None.
+
+Early stop (``early_stop = true``, TCP sent by this host): the test is started with its full
+duration while :mod:`iepm.probes.convergence` samples the sender's TCP_INFO; once the rate has
+converged iperf3 is sent SIGINT. The result is a *successful* run with ``early_stopped`` true:
+``throughput_bps`` is the estimate of the full test, ``measured_throughput_bps`` what iperf3
+itself measured over the part that ran (sender side: the receiver's figures are not exchanged
+on an interrupt), ``stopped_after_s``, ``bytes_sent`` and ``bytes_saved``. The estimate is made
+of the acknowledged-bytes samples, which iperf3's report lacks (its interval bytes are bytes
+written, send buffer included), so the raw record keeps them after iperf3's report as one
+``% iepm-convergence`` line; ``parse()`` replays them through the detector, so ``iepm extract``
+gives the same result from the raw log.
 """
 
 from __future__ import annotations
@@ -34,14 +45,15 @@ import itertools
 import json
 import math
 import re
+import shlex
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from pydantic import Field, field_validator, model_validator
 
-from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed
-from iepm.probes import load
+from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed, ToolNotFound
+from iepm.probes import convergence, load
 from iepm.probes.base import (
     Column,
     Health,
@@ -53,9 +65,10 @@ from iepm.probes.base import (
     execute,
     failed_result,
     figure,
+    result_from_raw,
 )
 from iepm.results import Result
-from iepm.runner import RawRun
+from iepm.runner import RawRun, tool_version
 from iepm.units import size_bytes
 
 NAME = "iperf3"
@@ -109,6 +122,10 @@ COLUMNS = [
     Column("packets", "UDP datagrams sent"),
     Column("lost_packets", "UDP datagrams lost"),
     Column("loss_percent", "UDP datagrams lost, percent"),
+    Column("early_stopped", "stopped once the rate converged; throughput_bps is the estimate"),
+    Column("measured_throughput_bps", "early stop: what iperf3 measured before the stop, bit/s"),
+    Column("stopped_after_s", "early stop: seconds of data before the stop"),
+    Column("bytes_saved", "early stop: bytes the rest of the full test would have sent"),
 ]
 
 # Linux TCP_CA_NAME_MAX is 16 including the NUL.
@@ -155,6 +172,11 @@ class Spec(ProbeSpec):
         default=3000, ge=100, le=60000, description="control connection timeout (--connect-timeout)"
     )
     bind: str | None = Field(default=None, description="local address to send from (-B)")
+    early_stop: bool = Field(
+        default=False,
+        description="stop once the rate has converged and report the full test's estimate "
+        "(TCP sent by this host)",
+    )
 
     @field_validator("window")
     @classmethod
@@ -221,6 +243,15 @@ class Spec(ProbeSpec):
         if self.udp and self.rate is None:
             # iperf3's own UDP default, made explicit so params record what ran.
             self.rate = "1M"
+        if self.early_stop and (self.udp or self.reverse):
+            raise ValueError(
+                "early_stop needs a TCP test sent by this host (it samples this host's TCP "
+                "sender state); remove udp/reverse or early_stop"
+            )
+        if self.early_stop and self.omit_s:
+            raise ValueError(
+                "early_stop estimates the whole test, slow start included; set omit_s to 0"
+            )
         return self
 
     @property
@@ -267,6 +298,9 @@ def build_argv(spec: Spec, address: str, *, cpu_mhz: float | None = None) -> lis
 
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
+    if spec.early_stop:
+        result, _ = await run_early(spec, ctx)
+        return result
     module = sys.modules[__name__]
     # Agent or SSH target: a one-shot server is started there for this run, on a port the
     # target picks, and always stopped afterwards; a plain endpoint's server is already there.
@@ -291,6 +325,52 @@ async def run(spec: Spec, ctx: ProbeContext) -> Result:
     return result.model_copy(update={"diags": f"{lease.note}\n{result.diags}"})
 
 
+async def run_early(
+    spec: Spec,
+    ctx: ProbeContext,
+    cfg: convergence.EarlyStopConfig | None = None,
+    *,
+    shadow: bool = False,
+) -> tuple[Result, convergence.ConvergedRun | None]:
+    """A test that stops itself once its rate has converged (``shadow``: runs to its end and
+    records when it would have stopped), through the same server lease and raw log as run().
+    Also returns the sampler's detail (None when the run could not start)."""
+    module = sys.modules[__name__]
+    if spec.udp or spec.reverse:
+        return failed_result(
+            module, spec, ctx, "early stop needs a TCP test sent by this host"
+        ), None
+    cfg = cfg or convergence.EarlyStopConfig(full_duration_s=int(spec.duration_s))
+    spec = spec.model_copy(update={"duration_s": float(cfg.full_duration_s)})
+    need = ServerNeed(
+        kind=SERVER, duration_s=cfg.full_duration_s, streams=spec.streams,
+        window_bytes=spec.window_bytes,
+    )  # fmt: skip
+    detail: convergence.ConvergedRun | None = None
+    try:
+        async with ctx.server(need) as lease:
+            used = spec if lease.port is None else spec.model_copy(update={"port": lease.port})
+            here = replace(ctx, address=lease.address)
+            version = await tool_version(here.wrap(META.version_argv or ()))
+            argv = here.wrap(build_argv(used, here.address))
+            ss = convergence.ss_argv(here.wrap, here.address, used.port)
+            try:
+                detail = await convergence.run_converging(
+                    argv, ss, used.deadline_s(), cfg, shadow=shadow
+                )
+            except ToolNotFound as exc:
+                return failed_result(module, used, here, str(exc), diags=shlex.join(argv)), None
+            if here.raw_log is not None:
+                params = used.model_dump(mode="json")
+                here.raw_log.append(here.target, NAME, detail.raw, params=params)
+            result = result_from_raw(module, used, here, detail.raw, version)
+    except (RemoteError, ConfigError) as exc:
+        return failed_result(module, spec, ctx, str(exc)), None
+    if lease.note:
+        result = result.model_copy(update={"diags": f"{lease.note}\n{result.diags}"})
+    return result, detail
+
+
 # ---------------------------------------------------------------------------------------------
 # parse / check
 
@@ -305,6 +385,14 @@ def summary(data: dict[str, Any]) -> str:
         text += f", rtt {figure(d.get('mean_rtt_ms'))} ms"
     if d.get("jitter_ms") is not None:
         text += f", jitter {figure(d.get('jitter_ms'))} ms, loss {figure(d.get('loss_percent'))}%"
+    if d.get("early_stopped"):
+        measured = mbps(d.get("measured_throughput_bps"))
+        saved_mb = (d.get("bytes_saved") or 0) / 1e6
+        text = (
+            f"{mbps(d.get('throughput_bps'))} estimated for the full test, early-stopped after "
+            f"{figure(d.get('stopped_after_s'))} s (measured {measured} sent, {saved_mb:.1f} MB "
+            f"saved), retransmits {d.get('retransmits', '-')}"
+        )
     return text
 
 
@@ -318,6 +406,10 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
     figures with ``complete`` false and ``tool_error`` set (``check()`` fails it)."""
     client = ClientArgs.from_argv(raw.argv)
     doc = _document(raw, client)
+    try:
+        conv = convergence.read_samples(raw.stdout)
+    except ValueError as exc:
+        raise ParseError(f"iperf3 early-stop record for {client.where}: {exc}") from None
     start = _obj(doc.get("start"))
     end = _obj(doc.get("end"))
     intervals = _list(doc.get("intervals"))
@@ -335,6 +427,8 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
                 if key in item and not item[key]:
                     item[key] = None
         data.update(complete=False, tool_error=message, mhz_per_mbps=None)
+        if conv is not None:
+            _early_stopped(data, conv, interrupted=INTERRUPTED in str(error).lower())
         return data
     if not end:
         raise ParseError(
@@ -343,11 +437,52 @@ def parse(raw: RawRun, spec: Spec | None = None) -> dict[str, Any]:
         )
     data = _figures(doc, start, end, intervals)
     data["complete"] = True
+    if conv is not None:
+        data.update(early_stopped=False, stopped_after_s=None, bytes_saved=0)
+        data["measured_throughput_bps"] = data["throughput_bps"]
     return data
+
+
+def _early_stopped(data: dict[str, Any], conv: convergence.Convergence, interrupted: bool) -> None:
+    """An interrupted report that our own SIGINT ended: the detector's replay over the recorded
+    samples gives the full test's estimate (``data`` updated in place)."""
+    data.update(early_stopped=False, stopped_after_s=None, bytes_saved=0)
+    data["measured_throughput_bps"] = data["sender_throughput_bps"]
+    if conv.stop_signal_s is None or not interrupted:
+        return  # not ours: the deadline, or something else, ended it
+    decision = convergence.replay(conv.cfg, conv.samples)
+    if decision is None:
+        data["tool_error"] = (
+            f"iperf3 was stopped early after {conv.stop_signal_s:g} s, but the recorded TCP_INFO "
+            "samples no longer reach a decision with this detector (no estimate)"
+        )
+        return
+    full_s = conv.cfg.full_duration_s
+    full_bytes = decision.full_bytes(full_s)
+    sent = data.get("bytes_sent") or 0
+    data.update(
+        early_stopped=True,
+        tool_error=None,
+        throughput_bps=decision.estimate_bps,
+        stopped_after_s=decision.t_stop_s,
+        full_duration_s=full_s,
+        slow_start_end_s=decision.slow_start_end_s,
+        slow_start_by=decision.slow_start_by,
+        steady_throughput_bps=decision.steady_bps,
+        bytes_acked=decision.acked_bytes,
+        estimated_full_bytes=full_bytes,
+        # Conservative: bytes written (send buffer included) against bytes the receiver gets.
+        bytes_saved=max(0, full_bytes - sent),
+    )
+    data["mhz_per_mbps"] = mhz_per_mbps(
+        data["local_cpu_percent"], data["cpu_mhz"], data["measured_throughput_bps"]
+    )
 
 
 def check(data: dict[str, Any], spec: Spec) -> str | None:
     """Why a parsed run is still a failure: interrupted, or nothing got through."""
+    if data.get("early_stopped"):
+        return None if data.get("throughput_bps") else "early stop estimated zero throughput"
     if not data.get("complete", True):
         return str(data.get("tool_error") or "iperf3 did not finish the test")
     throughput = data.get("throughput_bps")
