@@ -460,12 +460,12 @@ def version_cmd() -> None:
 def _mount_subcommands() -> None:
     # Each layer owns its commands; these imports are light (heavy ones happen inside commands).
     from iepm.analysis.cli import register as register_analysis
+    from iepm.archive_cli import register as register_archive
     from iepm.demo import register as register_demo
     from iepm.flows.cli import register as register_flows
     from iepm.lab.cli import lab_app
     from iepm.mesh.cli import register as register_mesh
     from iepm.remote.cli import register as register_remote
-    from iepm.store.cli import register as register_archive
     from iepm.web.cli import register as register_web
 
     app.add_typer(lab_app, name="lab")

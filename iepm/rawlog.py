@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
+import io
 import json
 import logging
 import os
@@ -187,7 +188,9 @@ def format_record(
 def read_log(path: Path) -> Iterator[LoggedRun]:
     """Yield every complete record of a raw log; a record cut short by a crash is skipped."""
     blob = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    lines = blob.decode("utf-8", errors="replace").splitlines(keepends=True)
+    # Read as read_text() would (universal newlines: \r\n and \r become \n), gzipped or not.
+    text = io.TextIOWrapper(io.BytesIO(blob), encoding="utf-8", errors="replace").read()
+    lines = text.splitlines(keepends=True)
     i = 0
     while i < len(lines):
         match = HEADER_RE.match(lines[i].rstrip("\n"))

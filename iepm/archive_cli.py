@@ -1,4 +1,5 @@
-"""``iepm archive``: keep an archive for years (``prune``)."""
+"""``iepm archive``: keep an archive for years (``prune``). Outside iepm.store so that the
+command line starts without loading the archive's libraries."""
 
 from __future__ import annotations
 
