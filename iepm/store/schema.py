@@ -90,6 +90,8 @@ results = Table(
     # purpose before started_at: routine views ask for one purpose and a time range, and the
     # per-path summaries (counts, latest) are then answered from the index alone.
     Index(None, "target", "probe", "purpose", "started_at"),
+    # One path of a mesh (many monitors per target): its page without the other monitors' rows.
+    Index(None, "target", "monitor", "probe", "purpose", "started_at"),
     Index(None, "probe", "started_at"),
     # One raw run yields one result: re-extraction finds (and replaces) it by its token.
     Index(None, "raw_token", unique=True),

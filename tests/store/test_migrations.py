@@ -56,6 +56,10 @@ def test_open_builds_the_schema_from_an_empty_database(archive_url: str, engine:
             ["target", "probe", "purpose", "started_at"],
             False,
         ),
+        "ix_results_target_monitor_probe_purpose_started_at": (
+            ["target", "monitor", "probe", "purpose", "started_at"],
+            False,
+        ),
         "ix_results_probe_started_at": (["probe", "started_at"], False),
         "ix_results_raw_token": (["raw_token"], True),
     }
