@@ -179,13 +179,26 @@ def render(g: Grid) -> str:
 def router() -> APIRouter:
     routes = APIRouter(responses=INVALID)
 
+    def grid_of(w: WebContext, chosen: Metric, days: int, ratio: float, now: datetime) -> Grid:
+        return w.queries.cached(
+            ("mesh-grid", chosen.name, days, ratio, rollup.day_of(now)),
+            lambda: grid(w.queries, chosen, days, ratio, now),
+        )
+
     async def compute(w: WebContext, metric: str | None, days: int, ratio: float) -> Grid:
+        chosen = _metric(metric or _default_metric())
+        now = datetime.now(UTC)
+        return await w.computed(lambda: grid_of(w, chosen, days, ratio, now))
+
+    async def page(w: WebContext, metric: str | None, days: int, ratio: float) -> str:
+        # A 50-host grid is 2,450 cells: its HTML is kept as long as the figures it shows.
         chosen = _metric(metric or _default_metric())
         now = datetime.now(UTC)
         return await w.computed(
             lambda: w.queries.cached(
-                ("mesh-grid", chosen.name, days, ratio, rollup.day_of(now)),
-                lambda: grid(w.queries, chosen, days, ratio, now),
+                ("mesh-grid-html", chosen.name, days, ratio, rollup.day_of(now)),
+                # From fresh figures, not the cached grid: the page is at most one TTL old.
+                lambda: render(grid(w.queries, chosen, days, ratio, now)),
             )
         )
 
@@ -201,6 +214,6 @@ def router() -> APIRouter:
         w: Context, metric: str | None = None, days: Days = 7, asymmetry: Ratio = 1.5
     ) -> Any:
         """The mesh grid page."""
-        return HTMLResponse(render(await compute(w, metric, days, asymmetry)))
+        return HTMLResponse(await page(w, metric, days, asymmetry))
 
     return routes
