@@ -135,7 +135,16 @@ def test_a_watcher_takes_the_rules_registered_when_it_starts() -> None:
 # README's usage lines, whose spellings the generated commands keep.
 DOCUMENTED = {
     "ping": ["--count", "--interval", "--size", "--deadline", "--discard-first", "--json"],
-    "traceroute": ["--max-hops", "--queries", "--method", "--wait", "--json"],
+    "traceroute": [
+        "--max-hops",
+        "--queries",
+        "--method",
+        "--wait",
+        "--paris",
+        "--no-paris",
+        "--gap-limit",
+        "--json",
+    ],
     "iperf3": [
         "--port",
         "--streams",
