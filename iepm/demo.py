@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -264,23 +263,6 @@ class Demo:
         goes to ``on_cycle``, the last is returned."""
         return asyncio.run(self.open().run(cycles=cycles, on_cycle=on_cycle))
 
-    def proc_net_dev(self) -> str:
-        """/proc/net/dev as the monitor sees it (in its lab namespace, or this host's)."""
-        if self.lab is None:
-            return Path("/proc/net/dev").read_text(encoding="ascii")
-        monitor = self.config.monitor.netns
-        node = next(h for h in self.lab.topology.hosts if self.lab.netns(h.name) == monitor)
-        run = self.lab.exec(node.name, ["cat", "/proc/net/dev"], READ_COUNTERS_TIMEOUT_S)
-        if run.returncode != 0:
-            raise LabError(f"cannot read the monitor's interface counters: {run.stderr.strip()}")
-        return run.stdout
-
-    def measured_interface(self, name: str) -> bool:
-        """Whether the demo's probes go through interface ``name`` of the monitor: the lab's
-        links (not its namespace's idle lo), or lo for loopback targets (not this host's own
-        interfaces, which carry whatever else the host does)."""
-        return (name != "lo") if self.lab is not None else (name == "lo")
-
     def close(self) -> None:
         """Stop the servers (by PID) and tear the lab down; safe to call twice."""
         self.stack.close()
@@ -341,10 +323,7 @@ def run_demo(
 
             scheduler = demo.open(on_result)
             assert demo.archive is not None  # opened by demo.open
-            sampler = InterfaceSampler(
-                demo.archive, demo.config.monitor.name, demo.proc_net_dev, demo.measured_interface
-            )
-            demo.stack.callback(sampler.start().stop)
+            # The monitor's interface rates reach /live/interface from the scheduler itself.
             if serve:
                 server = serve_in_background(
                     demo.config.monitor.archive,
@@ -391,76 +370,6 @@ def ping_replies(result: Result) -> list[LiveSample]:
     ]
     out += [sample(s, None) for a, b in data.get("lost_seq_ranges") or [] for s in range(a, b + 1)]
     return sorted(out, key=lambda s: s.t_s)
-
-
-# The interface view's cadence (the seed's: bytes in and out every 2 s over the last 120 s).
-INTERFACE_EVERY_S = 2.0
-READ_COUNTERS_TIMEOUT_S = 5.0
-
-
-def interface_counters(proc_net_dev: str) -> dict[str, tuple[int, int]]:
-    """Received and transmitted bytes per interface, from the text of /proc/net/dev."""
-    out = {}
-    for line in proc_net_dev.splitlines()[2:]:  # two header lines
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if len(fields) >= 9:
-            out[name.strip()] = (int(fields[0]), int(fields[8]))
-    return out
-
-
-def interface_rates(
-    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], elapsed_s: float
-) -> dict[str, tuple[float, float]]:
-    """rx and tx Mbit/s per interface between two readings (a counter that went back, as
-    when an interface is recreated, gives no rate)."""
-    rates = {}
-    for name, (rx, tx) in after.items():
-        if name in before and elapsed_s > 0 and rx >= before[name][0] and tx >= before[name][1]:
-            rx_mbps = (rx - before[name][0]) * 8 / elapsed_s / 1e6
-            rates[name] = (rx_mbps, (tx - before[name][1]) * 8 / elapsed_s / 1e6)
-    return rates
-
-
-class InterfaceSampler:
-    """Publishes the monitor's interface rates (probe "interface", rx_mbps/tx_mbps) every
-    INTERFACE_EVERY_S to the live ring, for /live/interface: the demo's monitor runs cycles, not
-    the continuous monitor that samples them itself. ``read()`` returns /proc/net/dev as the
-    monitor sees it (inside its lab namespace, or this host's)."""
-
-    def __init__(
-        self, archive: Archive, monitor: str, read: Callable[[], str], keep: Callable[[str], bool]
-    ) -> None:
-        self.archive, self.monitor, self.read, self.keep = archive, monitor, read, keep
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="iepm-demo-interface", daemon=True)
-
-    def start(self) -> InterfaceSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(READ_COUNTERS_TIMEOUT_S + INTERFACE_EVERY_S)
-
-    def _run(self) -> None:
-        from iepm.store import live
-
-        before, then_s = None, 0.0
-        while not self._stop.is_set():
-            try:
-                now_s, counters = time.time(), interface_counters(self.read())
-                if before is not None:
-                    rates = interface_rates(before, counters, now_s - then_s)
-                    live.publish(self.archive, self.monitor, [
-                        live.LiveSample(name, "interface", metric, now_s, value)
-                        for name, pair in sorted(rates.items()) if self.keep(name)
-                        for metric, value in zip(("rx_mbps", "tx_mbps"), pair, strict=True)
-                    ])  # fmt: skip
-                before, then_s = counters, now_s
-            except (IepmError, OSError, ValueError):
-                before = None  # a failed reading: start again from the next one
-            self._stop.wait(INTERFACE_EVERY_S)
 
 
 def _headline(result: Result) -> str:
