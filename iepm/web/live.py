@@ -469,7 +469,7 @@ def router() -> APIRouter:
     async def bandwidth(
         w: Context,
         request: Request,
-        probe: Annotated[str, Query(description="the estimator's probe")] = "abw",
+        probe: Annotated[str, Query(description="the estimator's probe")] = normalise.ESTIMATOR[0],
         metric: Annotated[
             str | None, Query(description="its figure (default: its first metric)")
         ] = None,

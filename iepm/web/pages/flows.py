@@ -22,6 +22,7 @@ from iepm.analysis.statistics import at
 from iepm.flows.compare import MIN_TESTS_FOR_R, match, over_hosts, table
 from iepm.flows.instances import DEFAULT_WINDOW_S, FORMULAS, Instance, group
 from iepm.flows.store import read_flows
+from iepm.probes import PROBES
 from iepm.results import format_time
 from iepm.web.context import UNKNOWN, Until, WebContext, now_of, web
 from iepm.web.queries import Queries
@@ -33,8 +34,12 @@ SOURCE = "passive"
 MIN_BYTES = 1_000_000
 # Flows are read this far around the active results they are matched to.
 MARGIN = timedelta(minutes=1)
-# Probes whose throughput_bps is matched to flows (the transfer probes time themselves too).
-PROBES = ("iperf3", "xrdcp_mem", "xrdcp_disk")
+
+
+def transfer_probes() -> list[str]:
+    """Probes whose ``throughput_bps`` is matched to flows: every registered probe that
+    declares that figure (iperf3 and the copies), from the registry."""
+    return [n for n, m in PROBES.items() if any(x.key == "throughput_bps" for x in m.METRICS)]
 
 
 class CompareRow(NamedTuple):
@@ -227,10 +232,9 @@ def target_passive(
     return passive, chart
 
 
-class Probe(StrEnum):
-    iperf3 = "iperf3"
-    xrdcp_mem = "xrdcp_mem"
-    xrdcp_disk = "xrdcp_disk"
+# Built from the registry when this module is imported (as site.py's metric names are).
+Probe = StrEnum("Probe", {n: n for n in transfer_probes()})  # type: ignore[misc]
+DEFAULT_PROBE = next(iter(Probe))
 
 
 class Format(StrEnum):
@@ -260,7 +264,7 @@ def router() -> APIRouter:
     async def flows_html(
         w: Context,
         request: Request,
-        probe: Probe = Probe.iperf3,
+        probe: Probe = DEFAULT_PROBE,  # type: ignore[valid-type]
         days: Days = 28,
         ports: Ports = True,
         until: Until = None,
@@ -278,7 +282,7 @@ def router() -> APIRouter:
         w: Context,
         name: str,
         format: Format = Format.csv,
-        probe: Probe = Probe.iperf3,
+        probe: Probe = DEFAULT_PROBE,  # type: ignore[valid-type]
         days: Days = 28,
         ports: Ports = True,
         until: Until = None,

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select
 
 from iepm.analysis import normalise
-from iepm.probes import PROBES
+from iepm.probes import PROBES, ping
 from iepm.store import live
 from iepm.store.archive import Archive
 from iepm.store.filters import result_conditions
@@ -134,7 +134,7 @@ def bandwidth_page(
 
 def ping_page(archive: Archive, places: Places, window_s: float) -> LivePage:
     before = live.latest_id(archive)
-    rows = live.read_window(archive, time.time() - window_s, probe="ping")
+    rows = live.read_window(archive, time.time() - window_s, probe=ping.NAME)
     series: dict[str, list[tuple[float, float | None]]] = {}
     for _i, s in rows:
         if s.metric == PING_METRIC:
@@ -146,7 +146,7 @@ def ping_page(archive: Archive, places: Places, window_s: float) -> LivePage:
         groups.setdefault(place.group or place.site or UNGROUPED, []).append(name)
     spec = {
         "kind": "ping",
-        "probe": "ping",
+        "probe": ping.NAME,
         "metric": PING_METRIC,
         "window_s": window_s,
         "after": _start(rows, before),
@@ -169,7 +169,7 @@ def interface_page(archive: Archive) -> LivePage:
                 [s.t_s, s.value]
             )
     # The latest RTT to each target (its live pings), shown beside a test running to it.
-    rtts = live.read_window(archive, now_s - INTERFACE_WINDOW_S, probe="ping")
+    rtts = live.read_window(archive, now_s - INTERFACE_WINDOW_S, probe=ping.NAME)
     rtt_ms = {s.target: s.value for _i, s in rtts if s.metric == PING_METRIC}
     spec = {
         "kind": "interface",
