@@ -11,6 +11,8 @@ from typing import Any
 from iepm.probes import (
     abw,
     facts,
+    gridftp_disk,
+    gridftp_mem,
     iperf3,
     load,
     ping,
@@ -95,6 +97,8 @@ for _module in (
     xrdcp_disk,
     rsync_mem,
     rsync_disk,
+    gridftp_mem,
+    gridftp_disk,
     abw,
 ):
     register(_module)

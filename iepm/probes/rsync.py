@@ -35,35 +35,31 @@ import math
 import re
 import secrets
 import shlex
-from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed, ToolNotFound
-from iepm.probes import xrdcp
+from iepm.errors import ParseError, RemoteError, ToolFailed
+from iepm.probes import copy
 from iepm.probes.base import (
     SSH_LOGIN,
     Column,
     ProbeContext,
-    ProbeSpec,
+    ServerLease,
     ServerNeed,
     SshLogin,
     failed_result,
     figure,
-    result_from_raw,
 )
 from iepm.results import Result
 from iepm.runner import RawRun, resolve_executable, run_command, tool_version
-from iepm.units import size_bytes
 
 TOOL = "rsync"
 VERSION_ARGV = ("rsync", "--version")
 SSH_VERSION_ARGV = ("ssh", "-V")
-STAMP_PYTHON = "/usr/bin/python3"
-STAMP_SCRIPT = str(Path(__file__).with_name("stamp.py"))
+STAMP_PYTHON = copy.STAMP_PYTHON
+STAMP_SCRIPT = copy.STAMP_SCRIPT
 # The lease's directory lists the process groups of the tools a copy runs on the target.
 PIDS_FILE = ".iepm-pids"
 # Seconds the remote rsync may outlive the probe's deadline before the target kills it.
@@ -75,7 +71,6 @@ Cipher = Literal[
     "aes128-ctr",
 ]
 
-STAMPED = re.compile(r"^\[(?P<at>\d+\.\d+)\] (?P<text>.*)$")
 PROGRESS = re.compile(
     r"^\s*(?P<bytes>[\d,]+)\s+(?P<pct>\d+)%\s+(?P<rate>[\d.]+)(?P<unit>[kMG])B/s\s+"
     r"(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d)"
@@ -104,48 +99,13 @@ COLUMNS = [
 ]
 
 
-class CopySpec(ProbeSpec):
+class CopySpec(copy.CopySpec):
     """One rsync copy over SSH to a private directory on an SSH target (removed afterwards)."""
 
-    size: str = Field(
-        default="256M", description="bytes to copy, with K/M/G (binary), from 1M to 64G"
-    )
     cipher: Cipher = Field(
         default="aes128-gcm@openssh.com",
         description="SSH cipher (AES-GCM uses the CPU's AES instructions; chacha20 does not)",
     )
-    duration_s: float = Field(
-        default=60.0,
-        ge=1,
-        le=3600,
-        description="limit on the whole copy, s: rsync is killed at this deadline",
-        json_schema_extra={"cli": "duration"},
-    )
-    connect_timeout_s: int = Field(
-        default=5,
-        ge=1,
-        le=120,
-        description="give up connecting after this many seconds",
-        json_schema_extra={"cli": "connect-timeout"},
-    )
-
-    @field_validator("size")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        try:
-            nbytes = size_bytes(value, base=1024)
-        except ValueError:
-            raise ValueError(f"size {value!r} is not a size like 64M or 1G") from None
-        if not xrdcp.MIN_SIZE <= nbytes <= xrdcp.MAX_SIZE:
-            raise ValueError(f"size {value!r} must be between 1M and 64G")
-        return value.strip()
-
-    @property
-    def size_bytes(self) -> int:
-        return size_bytes(self.size, base=1024)
-
-    def deadline_s(self) -> float:
-        return self.duration_s
 
 
 PLACEHOLDER = SshLogin("root", 22, "~/.ssh/id_ed25519", "~/.ssh/known_hosts", 5.0)
@@ -155,7 +115,7 @@ def build_argv(
     spec: CopySpec,
     address: str,
     *,
-    source: str = f"{xrdcp.MEMORY_DIR}/iepm-xrdcp.src",
+    source: str = f"{copy.MEMORY_DIR}/iepm-xrdcp.src",
     directory: str = "/tmp/iepm-copy",
     name: str = "iepm-copy.dat",
     login: SshLogin = PLACEHOLDER,
@@ -186,27 +146,15 @@ def build_argv(
 # parse
 
 
-def stamped(text: str) -> list[tuple[float, str]]:
-    lines = []
-    for line in text.splitlines():
-        match = STAMPED.match(line)
-        if match is not None:
-            lines.append((float(match["at"]), match["text"]))
-    return lines
+stamped = copy.stamped
 
 
 def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def _span(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else round(max(0.0, end - start), 6)
-
-
-def _bps(nbytes: int | None, seconds: float | None) -> float | None:
-    if nbytes is None or not seconds:
-        return None
-    return round(nbytes * 8 / seconds, 1)
+_span = copy.span
+_bps = copy.bps
 
 
 def where(argv: tuple[str, ...]) -> str:
@@ -316,9 +264,7 @@ def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
         "commit_s": commit_s,
         "elapsed_s": elapsed_s,
         "throughput_bps": _bps(nbytes, transfer_s),
-        "committed_throughput_bps": _bps(
-            nbytes, None if transfer_s is None or commit_s is None else transfer_s + commit_s
-        ),
+        "committed_throughput_bps": copy.committed_bps(nbytes, transfer_s, commit_s),
         "end_to_end_throughput_bps": _bps(nbytes, elapsed_s),
         "tool_throughput_bps": tool_bps,
         "tool_transfer_s": tool_s,
@@ -352,9 +298,7 @@ def check(data: dict[str, Any], spec: CopySpec) -> str | None:
 
 
 def summary(data: dict[str, Any]) -> str:
-    def mbps(bps: float | None) -> str:
-        return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
-
+    mbps = copy.mbps
     return (
         f"{mbps(data.get('throughput_bps'))} over the transfer "
         f"({mbps(data.get('tool_throughput_bps'))} by rsync), "
@@ -379,7 +323,7 @@ async def run_copy(
     module: ModuleType,
     spec: CopySpec,
     ctx: ProbeContext,
-    storage: Literal["memory", "disk"],
+    storage: copy.Storage,
     source: contextlib.AbstractContextManager[str],
     *,
     fsync: bool = False,
@@ -400,33 +344,28 @@ async def run_copy(
         size_bytes=spec.size_bytes,
         storage=storage,
     )
-    notes: list[str] = []
-    try:
+
+    async def run(lease: ServerLease, notes: list[str]) -> copy.Copied:
+        if lease.login is None or lease.directory is None:
+            raise RemoteError(f"{ctx.target}: the lease gave no SSH login or directory")
+        name = f"iepm-{secrets.token_hex(8)}.dat"
+        with source as source_path:
+            argv = build_argv(
+                spec,
+                lease.address,
+                source=source_path,
+                directory=lease.directory,
+                name=name,
+                login=lease.login,
+                fsync=fsync,
+            )
+            raw = await run_command(ctx.wrap(argv), spec.deadline_s())
+        return copy.Copied(raw, lease.address)
+
+    async def version() -> str | None:
         for program in ("rsync", "ssh", STAMP_PYTHON):
             resolve_executable(program)
-        version = await versions(ctx)
-        async with ctx.server(need) as lease:
-            notes.append(lease.note)
-            if lease.login is None or lease.directory is None:
-                raise RemoteError(f"{ctx.target}: the lease gave no SSH login or directory")
-            name = f"iepm-{secrets.token_hex(8)}.dat"
-            with source as source_path:
-                argv = build_argv(
-                    spec,
-                    lease.address,
-                    source=source_path,
-                    directory=lease.directory,
-                    name=name,
-                    login=lease.login,
-                    fsync=fsync,
-                )
-                raw = await run_command(ctx.wrap(argv), spec.deadline_s())
-    except ToolNotFound as exc:
-        return failed_result(module, spec, ctx, str(exc))
-    except (RemoteError, ConfigError, OSError) as exc:
-        return failed_result(module, spec, ctx, str(exc), diags="\n".join(n for n in notes if n))
-    if ctx.raw_log is not None:
-        ctx.raw_log.append(ctx.target, module.NAME, raw, params=spec.model_dump(mode="json"))
-    result = result_from_raw(module, spec, replace(ctx, address=lease.address), raw, version)
-    diags = "\n".join([*(n for n in notes if n), result.diags])
-    return result.model_copy(update={"diags": diags})
+        return await versions(ctx)
+
+    result, _ = await copy.leased_copy(module, spec, ctx, need, version, run)
+    return result

@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from iepm.probes import rsync, xrdcp
+from iepm.probes import copy, rsync
 from iepm.probes.base import SSH_LOGIN, Metric, ProbeContext, ProbeMeta
-from iepm.probes.xrdcp_disk import disk_source
+from iepm.probes.copy import disk_source as disk_source
 from iepm.results import Result
 from iepm.runner import RawRun
 
@@ -50,28 +50,17 @@ METRICS: tuple[Metric, ...] = (
 COLUMNS = rsync.COLUMNS
 
 
-class Spec(rsync.CopySpec):
+class Spec(rsync.CopySpec, copy.DiskSourceSpec):
     """A disk-to-disk rsync copy over SSH (see :class:`~iepm.probes.rsync.CopySpec`)."""
 
     commit: Literal["none", "at_end"] = Field(
         default="at_end",
         description="at_end: rsync fsyncs the copy (--fsync), the time counts; none: no fsync",
     )
-    source_dir: str = Field(
-        default="/var/tmp",
-        description="monitor directory holding the source file (iepm-xrdcp-SIZE.src, kept)",
-    )
-
-    @field_validator("source_dir")
-    @classmethod
-    def _source_dir(cls, value: str) -> str:
-        if not xrdcp.PATH_RE.match(value):
-            raise ValueError(f"source_dir {value!r} must be an absolute path")
-        return value
 
 
 def build_argv(spec: Spec, address: str) -> list[str]:
-    source = f"{spec.source_dir.rstrip('/')}/iepm-xrdcp-{spec.size_bytes}.src"
+    source = copy.disk_source_path(spec.size_bytes, spec.source_dir)
     return rsync.build_argv(spec, address, source=source, fsync=spec.commit == "at_end")
 
 
@@ -84,9 +73,7 @@ def check(data: dict[str, Any], spec: Spec) -> str | None:
 
 
 def summary(data: dict[str, Any]) -> str:
-    text = rsync.summary(data)
-    committed = data.get("committed_throughput_bps")
-    return text if committed is None else f"{committed / 1e6:.1f} Mbit/s committed; {text}"
+    return copy.with_committed(rsync.summary(data), data)
 
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:

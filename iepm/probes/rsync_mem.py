@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from iepm.probes import rsync, xrdcp
+from iepm.probes import copy, rsync
 from iepm.probes.base import SSH_LOGIN, Metric, ProbeContext, ProbeMeta
 from iepm.results import Result
 from iepm.runner import RawRun
@@ -68,4 +68,4 @@ def summary(data: dict[str, Any]) -> str:
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
     module = sys.modules[__name__]
-    return await rsync.run_copy(module, spec, ctx, "memory", xrdcp.memory_source(spec.size_bytes))
+    return await rsync.run_copy(module, spec, ctx, "memory", copy.memory_source(spec.size_bytes))

@@ -31,45 +31,43 @@ import os
 import re
 import secrets
 import shlex
-import shutil
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator
 
-from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed, ToolNotFound
+from iepm.errors import ParseError, ToolFailed, ToolNotFound
+from iepm.probes import copy
 from iepm.probes.base import (
     Column,
     ProbeContext,
-    ProbeSpec,
+    ServerLease,
     ServerNeed,
-    failed_result,
     figure,
-    result_from_raw,
 )
+
+# Re-exported: the xrdcp probes were the first copy probes, and callers name these here.
+from iepm.probes.copy import MAX_SIZE as MAX_SIZE
+from iepm.probes.copy import MEMORY_DIR, Storage
+from iepm.probes.copy import MIN_SIZE as MIN_SIZE
+from iepm.probes.copy import PATH_RE as PATH_RE
+from iepm.probes.copy import memory_source as memory_source
+from iepm.probes.copy import sweep_sources as sweep_sources
 from iepm.results import Outcome, Result
 from iepm.runner import RawRun, run_command, tool_version
-from iepm.units import size_bytes
 
 TOOL = "xrdcp"
 SERVER = "xrootd"
 DEFAULT_PORT = 1094
 VERSION_ARGV = ("xrdcp", "--version")
-MIN_SIZE = 1024 * 1024
-MAX_SIZE = 64 * 1024**3
 # Topics of xrdcp's log the timers need; the rest (message handlers, poller) doubles its size.
 LOG_MASK = "File|Utility|PostMaster|XRootDTransport|XRootD|AsyncSock"
-# Memory file system for a generated source: a sparse file reads as zeros without using memory.
-MEMORY_DIR = "/dev/shm"
 # The commit step: Debian's python3 (it has python3-xrootd) running xrdsync.py.
 SYNC_PYTHON = "/usr/bin/python3"
 SYNC_SCRIPT = str(Path(__file__).with_name("xrdsync.py"))
-PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
 
 LINE = re.compile(
     r"^\[(?P<when>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ [+-]\d{4})\]"
@@ -82,8 +80,6 @@ RUN_ERROR = re.compile(
 )
 ASIZE = re.compile(r"^Opening root://\S+?\?oss\.asize=(\d+) for writing")
 SERVER_SAID = re.compile(r"\[(\d{4})\] (.*)$")
-
-Storage = Literal["memory", "disk"]
 
 COLUMNS = [
     Column("bytes", "bytes copied"),
@@ -100,29 +96,11 @@ COLUMNS = [
 ]
 
 
-class TransferSpec(ProbeSpec):
+class TransferSpec(copy.CopySpec):
     """One xrdcp copy. On an agent target the agent starts xrootd for the copy (its own export
     directory, port and deadline); on a plain endpoint the copy writes into ``remote_dir``."""
 
-    size: str = Field(
-        default="256M",
-        description="bytes to copy, with K/M/G (binary), from 1M to 64G",
-    )
     streams: int = Field(default=1, ge=1, le=15, description="parallel TCP streams (--streams)")
-    duration_s: float = Field(
-        default=60.0,
-        ge=1,
-        le=3600,
-        description="limit on the whole copy, s: xrdcp is killed at this deadline",
-        json_schema_extra={"cli": "duration"},
-    )
-    connect_timeout_s: int = Field(
-        default=5,
-        ge=1,
-        le=120,
-        description="give up connecting after this many seconds",
-        json_schema_extra={"cli": "connect-timeout"},
-    )
     port: int = Field(
         default=DEFAULT_PORT, ge=1, le=65535, description="xrootd port of a plain endpoint"
     )
@@ -131,33 +109,10 @@ class TransferSpec(ProbeSpec):
         description="directory a plain endpoint exports for the copy (agent: the slot's own)",
     )
 
-    @field_validator("size")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        try:
-            nbytes = size_bytes(value, base=1024)
-        except ValueError:
-            raise ValueError(f"size {value!r} is not a size like 64M or 1G") from None
-        if not MIN_SIZE <= nbytes <= MAX_SIZE:
-            raise ValueError(f"size {value!r} must be between 1M and 64G")
-        return value.strip()
-
     @field_validator("remote_dir")
     @classmethod
     def _remote_dir(cls, value: str) -> str:
-        if not PATH_RE.match(value) or "/../" in f"{value}/":
-            raise ValueError(
-                f"remote_dir {value!r} must be an absolute path of letters, digits, '.', '_', "
-                "'-' and '/' (no '..')"
-            )
-        return value
-
-    @property
-    def size_bytes(self) -> int:
-        return size_bytes(self.size, base=1024)
-
-    def deadline_s(self) -> float:
-        return self.duration_s
+        return copy.check_dir("remote_dir", value)
 
 
 def build_argv(
@@ -235,14 +190,8 @@ def events(log: str) -> Events:
     return found
 
 
-def _span(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else round(max(0.0, end - start), 6)
-
-
-def _bps(nbytes: int | None, seconds: float | None) -> float | None:
-    if nbytes is None or not seconds:
-        return None
-    return round(nbytes * 8 / seconds, 1)
+_span = copy.span
+_bps = copy.bps
 
 
 def where(argv: tuple[str, ...]) -> str:
@@ -349,9 +298,7 @@ def check(data: dict[str, Any], spec: TransferSpec) -> str | None:
 
 
 def summary(data: dict[str, Any]) -> str:
-    def mbps(bps: float | None) -> str:
-        return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
-
+    mbps = copy.mbps
     return (
         f"{mbps(data.get('throughput_bps'))} over the transfer, "
         f"{mbps(data.get('end_to_end_throughput_bps'))} end to end; setup "
@@ -362,31 +309,6 @@ def summary(data: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # run
-
-
-def sweep_sources() -> None:
-    """Remove the sources of monitors that died mid-copy (the PID in the name is gone)."""
-    for stale in Path(MEMORY_DIR).glob("iepm-xrdcp-*-*"):
-        pid = stale.name.split("-")[2]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def memory_source(nbytes: int) -> Iterator[str]:
-    """A sparse file of ``nbytes`` on a memory file system: reads as zeros at memory speed and
-    holds no pages. Removed afterwards."""
-    sweep_sources()
-    directory = tempfile.mkdtemp(prefix=f"iepm-xrdcp-{os.getpid()}-", dir=MEMORY_DIR)
-    path = Path(directory) / "source"
-    try:
-        with path.open("wb") as f:
-            f.truncate(nbytes)
-        yield str(path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        os.rmdir(directory)
 
 
 async def remove_remote(ctx: ProbeContext, spec: TransferSpec, port: int, path: str) -> str:
@@ -430,13 +352,13 @@ def parse_sync(raw: RawRun) -> dict[str, Any]:
 def with_commit(data: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
     """Copy figures with the server's sync counted into the commit."""
     commit_s = round((data.get("commit_s") or 0.0) + sync["sync_s"], 6)
-    transfer_s = data.get("transfer_s")
-    done_s = None if transfer_s is None else transfer_s + commit_s
     return {
         **data,
         "sync_s": sync["sync_s"],
         "commit_s": commit_s,
-        "committed_throughput_bps": _bps(data.get("bytes"), done_s),
+        "committed_throughput_bps": copy.committed_bps(
+            data.get("bytes"), data.get("transfer_s"), commit_s
+        ),
     }
 
 
@@ -459,43 +381,34 @@ async def run_copy(
         storage=storage,
     )
     name = f"iepm-{secrets.token_hex(8)}.dat"
-    notes: list[str] = []
-    synced: RawRun | None = None
+
+    async def run(lease: ServerLease, notes: list[str]) -> copy.Copied:
+        # An agent's xrootd exports the slot's own directory as "/".
+        port = lease.port or spec.port
+        path = f"/{name}" if lease.port is not None else f"{spec.remote_dir.rstrip('/')}/{name}"
+        with source as source_path:
+            argv = build_argv(spec, lease.address, source=source_path, path=path, port=port)
+            argv = ctx.wrap(argv)
+            raw = await run_command(argv, spec.deadline_s())
+        copied = copy.Copied(raw, lease.address)
+        if commit and raw.returncode == 0 and not raw.timed_out:
+            host = f"[{lease.address}]" if ":" in lease.address else lease.address
+            left = max(1, math.ceil(spec.deadline_s() - raw.duration_s))
+            url = f"root://{host}:{port}/{path}"
+            copied.after.append(await run_command(ctx.wrap(sync_argv(url, left)), left + 2.0))
+        if lease.port is None:
+            notes.append(await remove_remote(ctx, spec, port, path))
+        return copied
+
+    result, copied = await copy.leased_copy(
+        module, spec, ctx, need, lambda: tool_version(ctx.wrap(VERSION_ARGV)), run
+    )
+    if copied is None or not copied.after:
+        return result
+    synced = copied.after[0]
+    update: dict[str, Any] = {"diags": result.diags + "\n" + synced.diags()}
     try:
-        version = await tool_version(ctx.wrap(VERSION_ARGV))
-        async with ctx.server(need) as lease:
-            notes.append(lease.note)
-            # An agent's xrootd exports the slot's own directory as "/".
-            port = lease.port or spec.port
-            path = f"/{name}" if lease.port is not None else f"{spec.remote_dir.rstrip('/')}/{name}"
-            with source as source_path:
-                argv = ctx.wrap(
-                    build_argv(spec, lease.address, source=source_path, path=path, port=port)
-                )
-                raw = await run_command(argv, spec.deadline_s())
-            if commit and raw.returncode == 0 and not raw.timed_out:
-                host = f"[{lease.address}]" if ":" in lease.address else lease.address
-                left = max(1, math.ceil(spec.deadline_s() - raw.duration_s))
-                synced = await run_command(
-                    ctx.wrap(sync_argv(f"root://{host}:{port}/{path}", left)), left + 2.0
-                )
-            if lease.port is None:
-                notes.append(await remove_remote(ctx, spec, port, path))
-    except ToolNotFound as exc:
-        return failed_result(module, spec, ctx, str(exc))
-    except (RemoteError, ConfigError, OSError) as exc:
-        return failed_result(module, spec, ctx, str(exc), diags="\n".join(n for n in notes if n))
-    if ctx.raw_log is not None:
-        ctx.raw_log.append(ctx.target, module.NAME, raw, params=spec.model_dump(mode="json"))
-    result = result_from_raw(module, spec, replace(ctx, address=lease.address), raw, version)
-    diags = "\n".join([*(n for n in notes if n), result.diags])
-    update: dict[str, Any] = {"diags": diags}
-    if synced is not None:
-        if ctx.raw_log is not None:
-            ctx.raw_log.append(ctx.target, module.NAME, synced, params=spec.model_dump(mode="json"))
-        update["diags"] += "\n" + synced.diags()
-        try:
-            update["data"] = with_commit(result.data, parse_sync(synced))
-        except (ToolFailed, ParseError) as exc:
-            update |= {"outcome": Outcome.FAILED, "error": str(exc)}
+        update["data"] = with_commit(result.data, parse_sync(synced))
+    except (ToolFailed, ParseError) as exc:
+        update |= {"outcome": Outcome.FAILED, "error": str(exc)}
     return result.model_copy(update=update)

@@ -234,6 +234,110 @@ XROOTD = ServerKind(
     package="xrootd-server",
 )
 
+# --- gridftp -----------------------------------------------------------------------------------
+
+# globus-gridftp-server in anonymous mode (no certificates: control and data in clear), for one
+# connection (-single: it exits when the copy's session ends). The slot's work directory holds
+# its configuration and ``data/``, the anonymous user's home and the only path it may touch: a
+# client writes ftp://host:port/NAME with globus-url-copy -rp (paths relative to the home) and
+# the file lands in <work>/data/NAME, removed with the slot.
+GRIDFTP_CONFIG = "gridftp.conf"
+GRIDFTP_DATA = "data"
+# An agent started as root maps the anonymous login to this user (never root).
+GRIDFTP_USER = "nobody"
+# What the server logs of the client (log_level ALL): "... [CLIENT]: ALLO 1048576".
+GRIDFTP_CLIENT = re.compile(rb"\[CLIENT\]: (?P<command>[A-Z]+)(?: (?P<arg>.*?))?\s*$")
+GRIDFTP_CONNECTION = re.compile(rb":: New connection from: ")
+
+
+def _gridftp_argv(program: str, port: int, bind: str | None, rate_bps: int | None) -> list[str]:
+    # The configuration sits in the server's working directory (the slot's): it is read before
+    # the server changes to "/". -single: one session, then exit.
+    argv = [program, "-c", GRIDFTP_CONFIG, "-p", str(port), "-single"]
+    if bind is not None:
+        argv += ["-control-interface", bind, "-data-interface", bind]
+    return argv
+
+
+def _gridftp_setup(workdir: Path, grant: Grant) -> None:
+    data = workdir / GRIDFTP_DATA
+    data.mkdir()
+    user = GRIDFTP_USER if os.geteuid() == 0 else _current_user()
+    lines = [
+        "allow_anonymous 1",
+        f"anonymous_user {user}",
+        f"home_dir {data}",
+        # Nothing outside the slot's data directory, whatever path the client names.
+        f"restrict_paths {data}",
+        # The guard reads the client's commands on the agent's pipe, unbuffered.
+        "log_level ALL",
+        "log_single /dev/stdout",
+        "log_module stdio:buffer=0",
+        "disable_usage_stats 1",
+    ]
+    (workdir / GRIDFTP_CONFIG).write_text("\n".join(lines) + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(data, GRIDFTP_USER)
+
+
+def _current_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+class GridftpGuard:
+    """One session per slot (the server runs -single; a second connection is another client's),
+    a file no larger than granted (the client announces it: ALLO), a receive buffer no larger
+    than the granted window (globus-url-copy -tcp-bs sends SITE STORBUFSIZE)."""
+
+    def __init__(self, grant: Grant) -> None:
+        self.grant = grant
+        self.connections = 0
+
+    def line(self, line: bytes) -> str | None:
+        if GRIDFTP_CONNECTION.search(line):
+            self.connections += 1
+            if self.connections > 1:
+                return f"connection {self.connections} to a slot granted one copy"
+            return None
+        found = GRIDFTP_CLIENT.search(line)
+        if found is None:
+            return None
+        command, arg = found["command"], (found["arg"] or b"").split()
+        size = self.grant.size_bytes
+        announced = int(arg[0]) if command == b"ALLO" and arg and arg[0].isdigit() else None
+        if announced is not None and size is not None and announced > size:
+            return f"the client announced a {announced}-byte file, the slot granted {size}"
+        if command == b"SITE" and len(arg) > 1 and arg[0].upper() == b"STORBUFSIZE":
+            window = int(arg[1]) if arg[1].isdigit() else 0
+            if self.grant.window_granted and window > self.grant.window_bytes:
+                return (
+                    f"the client asked for a {window}-byte window, the slot granted "
+                    f"{self.grant.window_bytes}"
+                )
+        return None
+
+    def inspect_sockets(self, line: bytes) -> bool:
+        return False
+
+    def carries_data(self, peer_port: int) -> bool:
+        return True
+
+
+GRIDFTP = ServerKind(
+    name="gridftp",
+    program="globus-gridftp-server",
+    version_argv=("-version",),
+    ready=b"Server started in",
+    # "[PID] DATE :: Server started in daemon mode." — after it listens.
+    ready_pattern=re.compile(rb":: Server started in \w+ mode\."),
+    argv=_gridftp_argv,
+    guard=GridftpGuard,
+    setup=_gridftp_setup,
+    package="globus-gridftp-server-progs",
+)
+
 # --- abw: the packet-train receiver ------------------------------------------------------------
 
 # The tool is one stdlib-only file shared with the monitor (iepm/abwtool.py: probes may not
@@ -285,7 +389,7 @@ ABW = ServerKind(
     setup=_abw_setup,
 )
 
-KINDS: dict[str, ServerKind] = {kind.name: kind for kind in (IPERF3, XROOTD, ABW)}
+KINDS: dict[str, ServerKind] = {kind.name: kind for kind in (IPERF3, XROOTD, GRIDFTP, ABW)}
 DEFAULT_KIND = IPERF3.name
 
 
