@@ -20,6 +20,8 @@ declare -A NEEDED=(
   [/usr/lib/python3/dist-packages/XRootD]=python3-xrootd  # commit step of xrdcp_disk
   [rsync]=rsync                  # rsync_mem / rsync_disk (monitor, and SSH targets need it too)
   [ssh]=openssh-client           # rsync_mem / rsync_disk log in with OpenSSH's client
+  [globus-url-copy]=globus-gass-copy-progs  # gridftp_mem / gridftp_disk (monitor side)
+  [/usr/sbin/globus-gridftp-server]=globus-gridftp-server-progs  # the agent's gridftp kind (target side)
   [nfdump]=nfdump                # `iepm flows import` reads nfcapd files; nfcapd: benchmarks/flows.py
   [/usr/sbin/softflowd]=softflowd  # the lab's flow exporter (tests/flows/test_lab_flows.py)
 )

@@ -254,8 +254,13 @@ def _gridftp_argv(program: str, port: int, bind: str | None, rate_bps: int | Non
     # The configuration sits in the server's working directory (the slot's): it is read before
     # the server changes to "/". -single: one session, then exit.
     argv = [program, "-c", GRIDFTP_CONFIG, "-p", str(port), "-single"]
+    # The control socket listens on all addresses: with -control-interface the 13.24 server
+    # must name the address (getnameinfo) and will not start when it has no name (a lab's
+    # 198.18.x.y). The data address matters more: PASV answers with -data-interface, else with
+    # what the host's name resolves to (127.0.1.1 on a stock Debian), which a monitor cannot
+    # reach — an agent serving gridftp sets server_bind.
     if bind is not None:
-        argv += ["-control-interface", bind, "-data-interface", bind]
+        argv += ["-data-interface", bind]
     return argv
 
 

@@ -271,6 +271,9 @@ def test_the_kind_confines_the_server_to_the_slots_directory(tmp_path: Path) -> 
     assert (tmp_path / "data").is_dir()
     argv = GRIDFTP.argv("globus-gridftp-server", 5301, None, None)
     assert argv == ["globus-gridftp-server", "-c", "gridftp.conf", "-p", "5301", "-single"]
+    # PASV names the agent's server_bind address (not what the host name resolves to).
+    bound = GRIDFTP.argv("globus-gridftp-server", 5301, "198.18.0.2", None)
+    assert bound[-2:] == ["-data-interface", "198.18.0.2"]
     assert GRIDFTP.is_ready(b"[9] Fri Nov 27 18:09:41 2026 :: Server started in daemon mode.\n")
     assert not GRIDFTP.is_ready(b"[9] Fri Nov 27 18:09:41 2026 :: Configuration read from x.\n")
 
