@@ -54,7 +54,7 @@ METRICS: tuple[Metric, ...] = (
 COLUMNS = gridftp.COLUMNS
 
 
-class Spec(gridftp.TransferSpec, copy.DiskSourceSpec):
+class Spec(copy.DiskSourceSpec, gridftp.TransferSpec):
     """A disk-to-disk GridFTP copy (see :class:`~iepm.probes.gridftp.TransferSpec`)."""
 
     commit: Literal["none"] = Field(

@@ -50,7 +50,7 @@ METRICS: tuple[Metric, ...] = (
 COLUMNS = rsync.COLUMNS
 
 
-class Spec(rsync.CopySpec, copy.DiskSourceSpec):
+class Spec(copy.DiskSourceSpec, rsync.CopySpec):
     """A disk-to-disk rsync copy over SSH (see :class:`~iepm.probes.rsync.CopySpec`)."""
 
     commit: Literal["none", "at_end"] = Field(

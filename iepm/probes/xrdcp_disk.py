@@ -50,7 +50,7 @@ METRICS: tuple[Metric, ...] = (
 COLUMNS = xrdcp.COLUMNS
 
 
-class Spec(xrdcp.TransferSpec, copy.DiskSourceSpec):
+class Spec(copy.DiskSourceSpec, xrdcp.TransferSpec):
     """A disk-to-disk xrdcp copy (see :class:`~iepm.probes.xrdcp.TransferSpec`)."""
 
     commit: Literal["none", "at_end"] = Field(

@@ -17,7 +17,7 @@ import pytest
 from iepm.config import AgentAccess
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
-from iepm.probes import gridftp_disk, gridftp_mem, iperf3
+from iepm.probes import gridftp_disk, gridftp_mem, iperf3, rsync_mem, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from tests.remote.conftest import RunningAgent, running_agent, wait_until
@@ -146,3 +146,123 @@ def test_gridftp_disk_copy_reports_the_page_cache_rate_not_the_disks(tmp_path: P
         assert cache > 2 * disk_bps
         # Removing the copy waits for the write-back under way (64M at 4 MiB/s: up to 16 s).
         assert wait_until(lambda: not list((ag.dir / "state" / "work").glob("*")), 40.0)
+
+
+# --- the seed's comparison: iperf3 against each copy tool, per path ------------------------------
+
+# name: (one-way delay ms, rate Mbit/s); modest rates, the delay lines share two busy cores.
+PATHS = {"near": (5.0, 200), "far": (20.0, 100)}
+COMPARE = {
+    "lab": {"name": "gcmp", "seed": 14},
+    "hosts": [{"name": "mon", "role": "monitor"}]
+    + [{"name": name, "role": "target"} for name in PATHS],
+    "links": [
+        {"a": "mon", "b": name, "delay_ms": delay, "rate_mbit": rate}
+        for name, (delay, rate) in PATHS.items()
+    ],
+}
+# What a copy must reach of tuned iperf3 here to count as working: a floor that catches a
+# broken copy, not the load of two shared cores (one run measured xrdcp at 0.63 on the near
+# path). The goal, 0.9, is asserted, with retries, by test_gridftp_memory_copy_against_tuned_iperf3
+# and tests/lab/test_lab_transfers.py; rsync's SSH is CPU-bound below the path (README).
+FLOORS = {"xrdcp_mem": 0.5, "gridftp_mem": 0.5, "rsync_mem": 0.3}
+
+
+@pytest.mark.skipif(
+    shutil.which("xrootd") is None or shutil.which("rsync") is None,
+    reason="xrootd-server or rsync missing",
+)
+def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
+    module_lab_factory: LabFactory, tmp_path: Path
+) -> None:
+    """IEPM-BW's Fig. 8 as a table: on each lab path, tuned iperf3 and a memory-to-memory copy
+    by each tool (xrdcp and GridFTP through the target's agent, rsync over SSH to a private
+    sshd there), with the ratio of each copy to iperf3."""
+    from tests.helpers import free_port
+    from tests.remote.sshd import private_sshd
+
+    lab = module_lab_factory(COMPARE, prefix="gc")
+    base = Path(tempfile.mkdtemp(prefix="iepm-gc-", dir="/var/tmp"))
+    memory = Path(tempfile.mkdtemp(prefix="iepm-gc-mem-", dir="/dev/shm"))
+    for path in (base, memory):
+        path.chmod(0o755)
+    rows = []
+    try:
+        for i, (name, (delay, rate)) in enumerate(PATHS.items()):
+            address = lab.address(name)
+            seconds = 8
+            size = f"{int(rate * seconds / 8 * 1.05)}M"  # ~8 s at the path's rate
+            with (
+                running_agent(
+                    base / name,
+                    address=address,
+                    port=AGENT_PORT + 1 + i,
+                    netns=lab.netns(name),
+                    settings={"memory_dir": str(memory / name)},
+                    kinds=("iperf3", "xrootd", "gridftp"),
+                ) as agent,
+                private_sshd(
+                    tmp_path / f"sshd-{name}", address, free_port(), lab.netns(name),
+                    password_auth=False,
+                ) as sshd,
+            ):  # fmt: skip
+                (base / name / "state").chmod(0o755)
+                ctx = context_for(lab, agent, name)
+                ssh_dir = memory / f"{name}-ssh"
+                ssh_dir.mkdir()
+                ssh_ctx = ProbeContext(
+                    name, address, "mon1", netns=lab.netns("mon"),
+                    servers=server_source(sshd.access(memory_dir=str(ssh_dir))),
+                )  # fmt: skip
+                tuned = iperf3.Spec(duration_s=8, omit_s=1, streams=4, window="1M")
+                before = asyncio.run(iperf3.run(tuned, ctx))
+                runs = {
+                    "xrdcp_mem": asyncio.run(
+                        xrdcp_mem.run(xrdcp_mem.Spec(size=size, streams=4, duration_s=30), ctx)
+                    ),
+                    "gridftp_mem": asyncio.run(
+                        gridftp_mem.run(
+                            gridftp_mem.Spec(size=size, streams=4, window="1M", duration_s=30),
+                            ctx,
+                        )
+                    ),
+                    "rsync_mem": asyncio.run(
+                        rsync_mem.run(rsync_mem.Spec(size=size, duration_s=60), ssh_ctx)
+                    ),
+                }
+                after = asyncio.run(iperf3.run(tuned, ctx))
+                for reference in (before, after):
+                    assert reference.succeeded, reference.error
+                # iperf3 before and after the copies: the load of the cores moves meanwhile.
+                iperf_bps = (before.data["throughput_bps"] + after.data["throughput_bps"]) / 2
+                for tool, run in runs.items():
+                    assert run.succeeded, f"{name} {tool}: {run.error}"
+                    ratio = run.data["throughput_bps"] / iperf_bps
+                    rows.append((name, delay * 2, rate, tool, iperf_bps, run, ratio))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(memory, ignore_errors=True)
+    print(
+        "\n| path | tuned iperf3 (mean of 2) | tool | copy (over the transfer) | tool's own "
+        "| ratio |"
+    )
+    for name, rtt, rate, tool, iperf_bps, run, ratio in rows:
+        own = run.data.get("tool_throughput_bps")
+        print(
+            f"| {name} {rate} Mbit/s {rtt:.0f} ms RTT | {iperf_bps / 1e6:.1f} Mbit/s | {tool} | "
+            f"{run.data['throughput_bps'] / 1e6:.1f} Mbit/s | "
+            f"{'-' if own is None else f'{own / 1e6:.1f} Mbit/s'} | {ratio:.2f} |"
+        )
+    for name, _, _, tool, _, _, ratio in rows:
+        assert ratio >= FLOORS[tool], (name, tool, ratio)
+
+
+def context_for(lab: Lab, agent: RunningAgent, target: str) -> ProbeContext:
+    access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
+    return ProbeContext(
+        target=target,
+        address=lab.address(target),
+        monitor="mon1",
+        netns=lab.netns("mon"),
+        servers=server_source(access),
+    )
