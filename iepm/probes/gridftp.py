@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -366,11 +367,12 @@ async def run_copy(
         for program in (TOOL, copy.STAMP_PYTHON):
             try:
                 resolve_executable(program)
-            except ToolNotFound as exc:
+            except ToolNotFound:
                 package = CLIENT_PACKAGE if program == TOOL else "python3"
                 raise ToolNotFound(
-                    f"{program} is not installed on this monitor (Debian: apt-get install "
-                    f"{package}): {exc}"
+                    f"{program} is not installed on this monitor or not on PATH "
+                    f"(PATH={os.environ.get('PATH', '')}); install it (Debian: apt-get install "
+                    f"{package})"
                 ) from None
         return await tool_version(ctx.wrap(VERSION_ARGV))
 

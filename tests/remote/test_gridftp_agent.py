@@ -74,14 +74,21 @@ def servers_of(agent: RunningAgent) -> list[psutil.Process]:
     return alive
 
 
+def files_under(root: Path) -> list[Path]:
+    """Everything below ``root``; a directory removed while it is listed counts as still there
+    (the caller waits and looks again)."""
+    try:
+        return list(root.rglob("*")) if root.exists() else []
+    except FileNotFoundError:
+        return [root]
+
+
 def slot_files(memory_dir: Path) -> list[Path]:
-    slots = memory_dir / "slots"
-    return list(slots.rglob("*")) if slots.exists() else []
+    return files_under(memory_dir / "slots")
 
 
 def disk_slot_files(agent: RunningAgent) -> list[Path]:
-    work = agent.dir / "state" / "work"
-    return list(work.rglob("*")) if work.exists() else []
+    return files_under(agent.dir / "state" / "work")
 
 
 def sources() -> set[str]:
@@ -216,7 +223,7 @@ def test_a_full_disk_on_the_target_is_the_reason_and_the_slot_goes(
             assert "its file system is full" in result.error
             assert "No space left on device" in result.error
             assert wait_until(lambda: not servers_of(agent), 10.0)
-            assert wait_until(lambda: list((small / "slots").rglob("*")) == [], 10.0)
+            assert wait_until(lambda: files_under(small / "slots") == [], 10.0)
             assert sources() == before
     finally:
         subprocess.run(["umount", str(small)], check=True, timeout=30)
