@@ -26,7 +26,9 @@ session, the agent's deadline). Learnt from globus-url-copy 10.12 against the se
   system call's own words: "Permission denied", "No space left on device"); exit status 1.
 * The server's file layer has no sync on close (``-sync-writes`` syncs only before restart
   markers; traced: no sync, fsync or fdatasync for a whole copy), so ``commit_s`` is the close,
-  not a write-back: ``gridftp_disk`` offers ``commit = "none"`` only.
+  not a write-back: ``gridftp_disk`` offers ``commit = "none"`` only. Writing through a
+  whitelisted ``dd conv=fsync`` on the server (``-DP``, the popen driver) was tried: 10.12 sent
+  no disk-stack command to the anonymous server and the file layer wrote the file, unsynced.
 """
 
 from __future__ import annotations

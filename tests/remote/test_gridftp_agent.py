@@ -183,6 +183,22 @@ def test_a_monitor_without_globus_url_copy_is_told_the_package(
     assert servers_of(gridftp_agent) == [] and slot_files(memory_dir) == []
 
 
+def test_a_plain_endpoint_takes_the_copy_into_remote_dir_and_the_diags_say_it_stays() -> None:
+    before = sources()
+    with plain_gridftp() as server:
+        spec = gridftp_mem.Spec(
+            size="8M", streams=2, duration_s=20, port=server.port, remote_dir=str(server.data)
+        )
+        result = asyncio.run(
+            gridftp_mem.run(spec, ProbeContext(target="plain", address="127.0.0.1"))
+        )
+        assert result.succeeded, f"{result.error}\n{result.diags}"
+        copies = list(server.data.iterdir())
+        assert [p.stat().st_size for p in copies] == [8 * 1024**2]
+        assert f"the copy {copies[0]} is left on 127.0.0.1" in result.diags
+    assert sources() == before
+
+
 def test_permission_denied_on_the_target_is_the_reason_and_nothing_is_written() -> None:
     """A plain endpoint (no agent) whose directory its anonymous user may not write."""
     before = sources()
