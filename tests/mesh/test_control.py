@@ -233,7 +233,16 @@ def check_raw_logs(tmp: Path, url: str, hosts: list[str], cycles: int) -> None:
     same results (none added, none failing to parse)."""
     for host in hosts:
         proc = subprocess.run(
-            [sys.executable, "-m", "iepm.cli", "extract", "--log-dir", str(tmp / "raw" / host), "--db", url],
+            [
+                sys.executable,
+                "-m",
+                "iepm.cli",
+                "extract",
+                "--log-dir",
+                str(tmp / "raw" / host),
+                "--db",
+                url,
+            ],
             capture_output=True,
             text=True,
             timeout=120,
