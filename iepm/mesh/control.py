@@ -278,7 +278,7 @@ def describe_control(loaded: LoadedMesh) -> list[str]:
     lines = [
         f"  control mode: one `iepm run --mesh FILE --control` runs the tests of {len(hosts)} "
         "hosts through their agents (POST /v1/runs; each host's agent.toml needs "
-        "[monitors.runs] for the control host)"
+        "a monitors.runs table for the control host)"
     ]
     for host in hosts:
         access = loaded.mesh.host(host).agent

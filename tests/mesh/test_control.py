@@ -428,3 +428,22 @@ def test_lab_control_host_runs_a_four_host_mesh_through_agents(
             assert pids == [], (name, [psutil.Process(int(p)).cmdline() for p in pids])
     finally:
         pg_server.drop_database(database)
+
+
+def test_the_commented_example_validates_with_its_agent_tables() -> None:
+    from iepm.mesh import load_mesh
+    from iepm.remote.trust import load_agent_config_text
+
+    example = REPO / "examples" / "mesh-control.toml"
+    loaded = load_mesh(example)
+    assert loaded.mesh.mesh.control is not None and len(describe_control(loaded)) == 4
+    lines = example.read_text().splitlines()
+    start = lines.index("#   [agent]")
+    agent = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        agent.append(line[4:].replace('"…"', f'"{token_digest(new_token())}"'))
+    config = load_agent_config_text("\n".join(agent))
+    runs = config.monitors[0].runs
+    assert runs is not None and runs.allows("198.18.3.2") and not runs.allows("192.0.2.1")
