@@ -341,7 +341,7 @@ def run_cmd(
     try:
         if (config is None) == (mesh is None) or (mesh is None) != (host is None):
             raise UsageError(
-                "give either --config FILE, --mesh FILE --as HOST or --mesh FILE --control"
+                "give either --config FILE or --mesh FILE --as HOST (or --mesh FILE --control)"
             )
         if mesh is not None and host is not None:
             from iepm.mesh import MeshSource

@@ -9,6 +9,10 @@ Restart-safe: every server is recorded (PID and kernel start time) in ``<state_d
 before the grant is answered; at start-up the agent kills recorded servers that are still alive
 (orphans of a previous run) and removes their work directories.
 
+A mesh's control host may also have this host run one probe towards another (``POST /v1/runs``,
+``iepm.remote.runs``): iepm's own ``iepm probe`` command, supervised and killed at its deadline,
+within the monitor's ``[monitors.runs]`` limits; the answer holds the result and its raw log.
+
 Nothing from a request reaches a shell: servers are started from an argv list, and the only
 request fields that reach it are validated numbers and sizes.
 
