@@ -192,8 +192,20 @@ ResultCallback = Callable[[Result], None]
 # (target, probe, seconds to hold) → a context that holds the hosts and yields a diags line;
 # raises an IepmError when the hosts cannot be had.
 HostLease = Callable[[TargetConfig, str, float], AbstractAsyncContextManager[str]]
-# Runs one probe somewhere else than here (a mesh's control host: on the source's agent).
-Execute = Callable[[ModuleType, ProbeSpec, ProbeContext, TargetConfig], Awaitable[Result]]
+
+
+class Execute(Protocol):
+    """Runs one probe somewhere else than here (a mesh's control host: on the source's agent);
+    ``overhead_s``: the time that takes besides the probe's own deadline (starting it there,
+    the answer), added to the probe's deadline and to its host lease."""
+
+    overhead_s: float
+
+    def __call__(
+        self, module: ModuleType, spec: ProbeSpec, ctx: ProbeContext, target: TargetConfig
+    ) -> Awaitable[Result]: ...
+
+
 # Deadline of one archive call (a result, a cycle record, a watcher's look at the history).
 ARCHIVE_CALL_S = 10.0
 # After a call outlived its deadline (a hung database), results go straight to the spool for this
@@ -845,6 +857,7 @@ class Scheduler:
         ctx = self._context(target)
         started_at, t0 = utcnow(), time.monotonic()
         deadline_s = spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        deadline_s += self.execute.overhead_s if self.execute is not None else 0.0
         key = (self.config.monitor.name, module.NAME, target.name)
         self._live_call(
             live.set_running, self.archive, *key, spec.model_dump(mode="json"),
@@ -880,6 +893,7 @@ class Scheduler:
             return await self._run_probe(module, target)
         spec = await self._spec(target, module.NAME)
         hold_s = spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        hold_s += self.execute.overhead_s if self.execute is not None else 0.0
         t0 = time.monotonic()
         async with contextlib.AsyncExitStack() as stack:
             try:

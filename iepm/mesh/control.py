@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Time the run's own deadline leaves for starting `iepm probe` on the source host (a Python
-# start on a busy host) and for its answer; within the scheduler's guard (PROBE_GUARD_S).
-START_MARGIN_S = 8.0
+# Time the run's deadline leaves for starting `iepm probe` on the source host: a Python start,
+# which takes seconds on a loaded host (over 18 s seen at a load average of 12-15 on 2 cores).
+START_MARGIN_S = 30.0
 # The answer's own deadline past the run's (the agent answers as soon as the run ends).
 ANSWER_MARGIN_S = 5.0
 
@@ -77,6 +77,12 @@ class AgentExecutor:
     access: AgentAccess
     netns: str | None = None
     busy_wait_s: float = 60.0
+    # Added by the scheduler to the probe's deadline and host lease: the run's start margin,
+    # the answer, and a wait while the agent is busy.
+    overhead_s: float = START_MARGIN_S + ANSWER_MARGIN_S
+
+    def __post_init__(self) -> None:
+        self.overhead_s = START_MARGIN_S + ANSWER_MARGIN_S + self.busy_wait_s
 
     def request(self, module: ModuleType, spec: ProbeSpec, target: TargetConfig) -> RunRequest:
         server = None

@@ -24,7 +24,7 @@ from iepm.errors import ConfigError
 from iepm.mesh import load_mesh_text
 from iepm.mesh.control import AgentExecutor, describe_control
 from iepm.probes import PROBES
-from iepm.probes.base import ProbeContext
+from iepm.probes.base import ProbeContext, failed_result
 from iepm.remote.access import AgentAccess
 from iepm.remote.trust import new_token, token_digest
 from iepm.results import Outcome
@@ -453,3 +453,61 @@ def test_the_commented_example_validates_with_its_agent_tables() -> None:
     config = load_agent_config_text("\n".join(agent))
     runs = config.monitors[0].runs
     assert runs is not None and runs.allows("198.18.3.2") and not runs.allows("192.0.2.1")
+
+
+def test_the_scheduler_runs_each_probe_through_execute_with_its_overhead_in_the_lease(
+    tmp_path: Path,
+) -> None:
+    """The scheduler's ``execute`` hook: every probe goes through it (none runs here), its
+    result is stored, and the host lease and deadline include its ``overhead_s``."""
+    from collections.abc import AsyncIterator
+
+    from iepm.config import Config
+    from iepm.scheduler import Scheduler
+
+    calls: list[tuple[str, str]] = []
+    holds: list[float] = []
+
+    class Elsewhere:
+        overhead_s = 40.0
+
+        async def __call__(
+            self, module: Any, spec: Any, ctx: ProbeContext, target: TargetConfig
+        ) -> Any:
+            calls.append((module.NAME, target.name))
+            return failed_result(module, spec, ctx, f"ran elsewhere: {module.NAME}")
+
+    @contextlib.asynccontextmanager
+    async def lease(target: TargetConfig, probe: str, hold_s: float) -> AsyncIterator[str]:
+        holds.append(hold_s)
+        yield "[lease]"
+
+    config = Config.model_validate(
+        {
+            "monitor": {
+                "name": "h1",
+                "archive": f"sqlite:///{tmp_path}/a.db",
+                "log_dir": str(tmp_path / "raw"),
+            },
+            "targets": [
+                {
+                    "name": "h2",
+                    "address": "127.0.0.1",
+                    "probes": ["ping", "iperf3"],
+                    "ping_expected": False,
+                    "iperf3": {"duration_s": 2},
+                }
+            ],
+        }
+    )
+    with Archive.open(config.monitor.archive) as archive:
+        scheduler = Scheduler(config, archive, watchers=[], host_lease=lease, execute=Elsewhere())
+        report = asyncio.run(scheduler.run_cycle())
+        stored = sorted((r.probe, r.error) for r in archive.results())
+    assert sorted(calls) == [("iperf3", "h2"), ("ping", "h2")]
+    assert [r.error for r in report.results] != [] and stored == [
+        ("iperf3", "ran elsewhere: iperf3"),
+        ("ping", "ran elsewhere: ping"),
+    ]
+    deadline = PROBES["iperf3"].Spec.model_validate({"duration_s": 2}).deadline_s()
+    assert holds == [pytest.approx(deadline + 15.0 + 40.0)]
