@@ -172,7 +172,7 @@ class Agent:
         self.lock = asyncio.Lock()
         self.buffer_defaults = tcp_buffer_defaults()
         # Third-party tests a mesh's control host asks for (iepm.remote.runs).
-        self.runs = Runs(self.settings)
+        self.runs = Runs(self.settings, on_start=self._save_state)
 
     # -- start-up / shutdown -------------------------------------------------------------------
 
@@ -210,6 +210,8 @@ class Agent:
         now = time.time()
         for monitor, stamps in (state.get("grants") or {}).items():
             self.grants[monitor] = deque(t for t in stamps if now - t < HOUR_S)
+        for monitor, stamps in (state.get("runs") or {}).items():
+            self.runs.stamps[monitor] = deque(t for t in stamps if now - t < HOUR_S)
         for root in (self.work_root, self.memory_root):
             shutil.rmtree(root, ignore_errors=True)
         self.runs.sweep()
@@ -230,7 +232,11 @@ class Agent:
                     "monitor": s.monitor,
                 }
             )
-        state = {"servers": servers, "grants": {m: list(d) for m, d in self.grants.items()}}
+        state = {
+            "servers": servers,
+            "grants": {m: list(d) for m, d in self.grants.items()},
+            "runs": {m: list(d) for m, d in self.runs.stamps.items()},
+        }
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         # Atomic rename, no fsync: orphans outlive only an agent crash, not a host crash, and

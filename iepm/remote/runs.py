@@ -28,6 +28,7 @@ import sys
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -91,8 +92,11 @@ def run_config(req: RunRequest, agent_name: str, logs: Path, credential: str | N
 class Runs:
     """The runs of one agent: limits, the runs going on, and the grants of the last hour."""
 
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(self, settings: AgentSettings, on_start: Callable[[], None] | None = None) -> None:
+        """``on_start``: called as each run starts (the agent saves the last hour's runs, so
+        a restart does not reset tests_per_hour)."""
         self.settings = settings
+        self.on_start = on_start
         self.running: dict[str, str] = {}  # run id → monitor
         self.stamps: dict[str, deque[float]] = {}
 
@@ -227,6 +231,8 @@ class Runs:
         logs.mkdir(parents=True)
         self.running[run_id] = monitor.name
         self._recent(monitor.name).append(time.time())
+        if self.on_start is not None:
+            self.on_start()
         started_at, t0 = datetime.now(UTC), time.monotonic()
         try:
             config = workdir / "run.toml"

@@ -235,3 +235,22 @@ def test_the_run_command_defaults_to_this_python() -> None:
     assert argv[:3] == [sys.executable, "-m", "iepm.cli"]
     assert argv[3:6] == ["probe", "ping", "lo"]
     assert os.path.basename(argv[argv.index("--config") + 1]) == "run.toml"
+
+
+def test_the_last_hours_runs_survive_an_agent_restart(
+    tmp_path: Path, tokens: dict[str, str]
+) -> None:
+    from iepm.remote.agent import Agent
+
+    config = load_agent_config_text(agent_toml(tmp_path / "state", tokens))
+    first = Agent(config)
+    first.sweep_orphans()
+    body = {**PING, "params": {"count": 1, "interval_s": 0.2}}
+    monitor = config.monitors[0]
+    from iepm.remote.protocol import RunRequest
+
+    answer = asyncio.run(first.runs.run(monitor, RunRequest.model_validate(body)))
+    assert answer.exit_code == 0, answer.stderr
+    second = Agent(config)
+    second.sweep_orphans()
+    assert len(second.runs.stamps["control"]) == 1
