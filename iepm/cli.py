@@ -312,6 +312,13 @@ def run_cmd(
     host: Annotated[
         str | None, typer.Option("--as", help="This host's name in the --mesh file.")
     ] = None,
+    control: Annotated[
+        bool,
+        typer.Option(
+            "--control",
+            help="Be the --mesh file's control host: run every host's tests through its agent.",
+        ),
+    ] = False,
     once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False,
     cycles: Annotated[int | None, typer.Option(help="Run this many cycles and exit.")] = None,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Show a live table.")] = True,
@@ -325,9 +332,17 @@ def run_cmd(
     logging.getLogger("alembic").setLevel(logging.WARNING)
     configure = None
     host_lease = None
+    count = 1 if once else cycles
+    if control:
+        if mesh is None or config is not None or host is not None:
+            raise fail("--control goes with --mesh FILE alone (no --config, no --as)", 2)
+        _run_control(mesh, count)
+        return
     try:
         if (config is None) == (mesh is None) or (mesh is None) != (host is None):
-            raise UsageError("give either --config FILE or --mesh FILE --as HOST")
+            raise UsageError(
+                "give either --config FILE or --mesh FILE --as HOST (or --mesh FILE --control)"
+            )
         if mesh is not None and host is not None:
             from iepm.mesh import MeshSource
 
@@ -342,7 +357,6 @@ def run_cmd(
         archive = Archive.connect(loaded.monitor.archive)
     except IepmError as exc:
         raise fail(str(exc), exit_code(exc)) from None
-    count = 1 if once else cycles
     table = LiveTable(f"iepm {loaded.monitor.name}: latest results")
     show_live = live and console.is_terminal
     view = Live(table.render(), console=console) if show_live else None
@@ -382,6 +396,51 @@ def run_cmd(
         finally:
             if host_lease is not None:
                 host_lease.close()
+
+
+def _run_control(mesh: Path, count: int | None) -> None:
+    """``iepm run --mesh FILE --control``: every source host's cycles, through its agent."""
+    from iepm.mesh.control import Control
+    from iepm.scheduler import CycleReport
+    from iepm.store import Archive
+
+    try:
+        control = Control(mesh)
+        archives = []
+
+        def archive_for(config: Config) -> Archive:
+            archives.append(Archive.connect(config.monitor.archive))
+            return archives[-1]
+
+        def on_result(result: Result) -> None:
+            sys.stdout.write(
+                f"{result.started_at:%Y-%m-%dT%H:%M:%SZ} {result.monitor} -> {result.target} "
+                f"{result.probe} {result.outcome.value}: {_line(result)} [{result.id}]\n"
+            )
+            sys.stdout.flush()
+
+        sources = control.build(archive_for, on_result)
+    except IepmError as exc:
+        raise fail(str(exc), exit_code(exc)) from None
+    by_host = {s.host: s for s in sources}
+
+    def on_cycle(host: str, report: CycleReport) -> None:
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
+        console.print(
+            f"{host} cycle {report.number}: {report.n_results} results ({outcomes}) in "
+            f"{report.duration_s:.1f} s"
+            + (" — OVERRAN its interval" if report.overran else "")
+            + (_lease_line(by_host[host].scheduler.health) if by_host[host].leases else "")
+        )
+
+    try:
+        asyncio.run(control.run(count, on_cycle))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    finally:
+        control.close()
+        for archive in archives:
+            archive.close()
 
 
 def _lease_line(health: Any) -> str:

@@ -39,6 +39,7 @@ Two hooks serve meshes (:mod:`iepm.mesh`) without the scheduler knowing them: ``
 gives the config of each cycle (a mesh file re-read, so an edit needs no restart), and
 ``host_lease`` is held around each exclusive probe (the archive's host leases, so no two
 monitors' bandwidth tests meet at one host); a lease not had in time is a skipped result.
+A third, ``execute``, runs each probe elsewhere (a mesh's control host: on the source's agent).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -191,6 +192,20 @@ ResultCallback = Callable[[Result], None]
 # (target, probe, seconds to hold) → a context that holds the hosts and yields a diags line;
 # raises an IepmError when the hosts cannot be had.
 HostLease = Callable[[TargetConfig, str, float], AbstractAsyncContextManager[str]]
+
+
+class Execute(Protocol):
+    """Runs one probe somewhere else than here (a mesh's control host: on the source's agent);
+    ``overhead_s``: the time that takes besides the probe's own deadline (starting it there,
+    the answer), added to the probe's deadline and to its host lease."""
+
+    overhead_s: float
+
+    def __call__(
+        self, module: ModuleType, spec: ProbeSpec, ctx: ProbeContext, target: TargetConfig
+    ) -> Awaitable[Result]: ...
+
+
 # Deadline of one archive call (a result, a cycle record, a watcher's look at the history).
 ARCHIVE_CALL_S = 10.0
 # After a call outlived its deadline (a hung database), results go straight to the spool for this
@@ -255,13 +270,17 @@ class Scheduler:
         watchers: Sequence[ResultWatcher] | None = None,
         configure: Callable[[int], Config] | None = None,
         host_lease: HostLease | None = None,
+        execute: Execute | None = None,
     ) -> None:
         """``watchers``: None for those the config asks for (``[monitor] alerts``/``adaptive``),
         or an explicit list (``[]`` for none). ``configure``: the config for cycle N, asked
         before each cycle (a mesh file re-read); the monitor's archive, log_dir and watchers
         stay those of ``config``. ``host_lease``: held around each exclusive probe (a mesh's
-        archive leases); one it cannot give is a skipped result with its reason."""
+        archive leases); one it cannot give is a skipped result with its reason. ``execute``:
+        runs each probe instead of running it here (a mesh's control host: through the source
+        host's agent)."""
         self.config = config
+        self.execute = execute
         self.configure = configure
         self.host_lease = host_lease
         self.archive = archive
@@ -838,13 +857,19 @@ class Scheduler:
         ctx = self._context(target)
         started_at, t0 = utcnow(), time.monotonic()
         deadline_s = spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        deadline_s += self.execute.overhead_s if self.execute is not None else 0.0
         key = (self.config.monitor.name, module.NAME, target.name)
         self._live_call(
             live.set_running, self.archive, *key, spec.model_dump(mode="json"),
             deadline_s=deadline_s,
         )  # fmt: skip
         try:
-            result: Result = await asyncio.wait_for(module.run(spec, ctx), deadline_s)
+            running = (
+                module.run(spec, ctx)
+                if self.execute is None
+                else self.execute(module, spec, ctx, target)
+            )
+            result: Result = await asyncio.wait_for(running, deadline_s)
         except TimeoutError:
             result = failed_result(
                 module,
@@ -868,6 +893,7 @@ class Scheduler:
             return await self._run_probe(module, target)
         spec = await self._spec(target, module.NAME)
         hold_s = spec.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        hold_s += self.execute.overhead_s if self.execute is not None else 0.0
         t0 = time.monotonic()
         async with contextlib.AsyncExitStack() as stack:
             try:

@@ -32,6 +32,9 @@ def describe_mesh(path: Path, loaded: LoadedMesh) -> str:
         f"{len(loaded.expansion.pairs)} directed pairs from {len(sources)} monitoring hosts"
     ]
     lines += [f"  left out: {why}" for why in loaded.expansion.left_out]
+    from iepm.mesh.control import describe_control
+
+    lines += describe_control(loaded)
     return "\n".join(lines)
 
 

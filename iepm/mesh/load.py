@@ -102,6 +102,7 @@ def check(doc: tomlload.TomlText) -> LoadedMesh:
         raise tomlload.config_error(doc.where, doc.text, _unique(errors))
     expansion = expand(mesh)
     errors += _check_pairs(mesh, expansion)
+    errors += _check_control(mesh, expansion)
     if errors:
         raise tomlload.config_error(doc.where, doc.text, _unique(errors))
     loaded = LoadedMesh(mesh, expansion, doc.where, hashlib.sha256(doc.text.encode()).hexdigest())
@@ -151,6 +152,38 @@ def _check_tests(mesh: Mesh, monitors: dict[str, Any]) -> list[tomlload.Problem]
                         f"interval ({shortest:g} s)",
                     )
                 )
+    return errors
+
+
+def _check_control(mesh: Mesh, expansion: Expansion) -> list[tomlload.Problem]:
+    """In control mode every host that runs tests does so through its agent, and a test that
+    needs a server at its destination finds it on that host's agent (or a plain server)."""
+    if mesh.mesh.control is None:
+        return []
+    errors: list[tomlload.Problem] = []
+    index = {h.name: i for i, h in enumerate(mesh.hosts)}
+    sources = {p.source for p in expansion.pairs}
+    for name in sorted(sources, key=index.__getitem__):
+        if mesh.host(name).mode != "agent":
+            errors.append(
+                (
+                    ("hosts", index[name], "mode"),
+                    f"{name} runs tests and the mesh has [mesh.control]: its tests go through "
+                    "its agent, so it needs mode = 'agent' and a [hosts.agent] table",
+                )
+            )
+    for pair in expansion.pairs:
+        destination = mesh.host(pair.destination)
+        served = [p for p in mesh.tests[pair.test].probes if PROBES[p].META.server]
+        if served and destination.mode == "ssh":
+            errors.append(
+                (
+                    ("hosts", index[pair.destination], "mode"),
+                    f"{served[0]} to {pair.destination} needs a server there, which in control "
+                    "mode comes from its agent (mode = 'agent') or is already running "
+                    "(mode = 'plain'), not over SSH",
+                )
+            )
     return errors
 
 

@@ -51,9 +51,20 @@ def _host_name(value: str, what: str = "host") -> str:
     return value
 
 
+class ControlInfo(StrictModel):
+    """``[mesh.control]``: one control host runs the whole mesh through the hosts' agents
+    (``iepm run --mesh FILE --control``); the hosts run no ``iepm run`` of their own."""
+
+    # The network namespace the control host's requests to the agents leave from (the lab).
+    netns: str | None = None
+    # How long a run waits while the source's agent runs its max_runs others.
+    busy_wait_s: float = Field(default=60.0, ge=0.0, le=3600.0)
+
+
 class MeshInfo(StrictModel):
     name: str = "mesh"
     description: str | None = None
+    control: ControlInfo | None = None
     # Hold a lease in the archive on both hosts of each bandwidth test (iepm.mesh.leases), so
     # no two meet at one host; a test waits up to lease_wait_s for its hosts, else is skipped.
     leases: bool = True

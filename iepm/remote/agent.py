@@ -9,6 +9,10 @@ Restart-safe: every server is recorded (PID and kernel start time) in ``<state_d
 before the grant is answered; at start-up the agent kills recorded servers that are still alive
 (orphans of a previous run) and removes their work directories.
 
+A mesh's control host may also have this host run one probe towards another (``POST /v1/runs``,
+``iepm.remote.runs``): iepm's own ``iepm probe`` command, supervised and killed at its deadline,
+within the monitor's ``[monitors.runs]`` limits; the answer holds the result and its raw log.
+
 Nothing from a request reaches a shell: servers are started from an argv list, and the only
 request fields that reach it are validated numbers and sizes.
 
@@ -62,12 +66,15 @@ from iepm.remote.protocol import (
     Facts,
     Health,
     Refusal,
+    RunAnswer,
+    RunRequest,
     SlotGrant,
     SlotPhase,
     SlotRequest,
     SlotState,
     Usage,
 )
+from iepm.remote.runs import Refused, Runs
 from iepm.remote.servers import KINDS, Grant, Guard, ServerKind, buffer_excess, buffer_sizes
 from iepm.remote.trust import AgentConfig, MonitorEntry
 from iepm.runner import (
@@ -120,13 +127,6 @@ async def spawn_server(argv: list[str], workdir: Path) -> Supervised:
 # the agent
 
 
-class Refused(Exception):
-    def __init__(self, status: int, refusal: Refusal) -> None:
-        super().__init__(refusal.message)
-        self.status = status
-        self.refusal = refusal
-
-
 @dataclass
 class Slot:
     slot_id: str
@@ -171,6 +171,8 @@ class Agent:
         self.grants: dict[str, deque[float]] = {}
         self.lock = asyncio.Lock()
         self.buffer_defaults = tcp_buffer_defaults()
+        # Third-party tests a mesh's control host asks for (iepm.remote.runs).
+        self.runs = Runs(self.settings, on_start=self._save_state)
 
     # -- start-up / shutdown -------------------------------------------------------------------
 
@@ -208,8 +210,11 @@ class Agent:
         now = time.time()
         for monitor, stamps in (state.get("grants") or {}).items():
             self.grants[monitor] = deque(t for t in stamps if now - t < HOUR_S)
+        for monitor, stamps in (state.get("runs") or {}).items():
+            self.runs.stamps[monitor] = deque(t for t in stamps if now - t < HOUR_S)
         for root in (self.work_root, self.memory_root):
             shutil.rmtree(root, ignore_errors=True)
+        self.runs.sweep()
         self.work_root.mkdir(parents=True, exist_ok=True)
         self._save_state()
         return killed
@@ -227,7 +232,11 @@ class Agent:
                     "monitor": s.monitor,
                 }
             )
-        state = {"servers": servers, "grants": {m: list(d) for m, d in self.grants.items()}}
+        state = {
+            "servers": servers,
+            "grants": {m: list(d) for m, d in self.grants.items()},
+            "runs": {m: list(d) for m, d in self.runs.stamps.items()},
+        }
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         # Atomic rename, no fsync: orphans outlive only an agent crash, not a host crash, and
@@ -595,7 +604,8 @@ WHY: dict[int, str] = {
     401: "no credential, or one this agent does not know (checked before the body is read)",
     403: "not allowed, or a limit exceeded (named in `limit`)",
     404: "no such slot of this monitor",
-    409: "another bandwidth test holds the slot; retry after `retry_after_s`",
+    409: "another bandwidth test holds the slot (or max_runs runs are going on); retry after "
+    "`retry_after_s`",
     413: "the body is larger than the agent's max_body_bytes",
     422: "a field is missing or out of range (named in `message`)",
     429: "tests_per_hour reached",
@@ -697,6 +707,17 @@ def create_app(config: AgentConfig) -> FastAPI:
     )
     async def close_slot(monitor: Monitor, slot_id: SlotId) -> SlotState:
         return await agent.close_slot(monitor, slot_id)
+
+    @app.post(
+        "/v1/runs",
+        response_model=RunAnswer,
+        responses=refusals(400, 401, 403, 409, 413, 422, 429),
+    )
+    async def run(monitor: Monitor, request: RunRequest) -> RunAnswer:
+        """Run one probe from this host (a mesh's control host asks), within [monitors.runs];
+        the answer holds the result envelope and the raw log. A run that fails is an answer
+        too (its exit code and stderr), not a refusal."""
+        return await agent.runs.run(monitor, request)
 
     return app
 

@@ -19,7 +19,16 @@ import httpx
 from iepm.errors import RemoteError
 from iepm.remote.access import AgentAccess
 from iepm.remote.netns import run_in_netns
-from iepm.remote.protocol import Facts, Health, SlotGrant, SlotRequest, SlotState, Usage
+from iepm.remote.protocol import (
+    Facts,
+    Health,
+    RunAnswer,
+    RunRequest,
+    SlotGrant,
+    SlotRequest,
+    SlotState,
+    Usage,
+)
 from iepm.remote.trust import read_token
 
 # A release must not be skipped because the probe was cancelled; it gets its own deadline.
@@ -81,14 +90,21 @@ class AgentClient:
         )
 
     async def request(
-        self, method: str, path: str, json_body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        json_body: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """(status, JSON body); RemoteError when the agent cannot be reached in time."""
+        """(status, JSON body); RemoteError when the agent cannot be reached in time
+        (``timeout_s``: this request's deadline, default the client's)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
 
         async def call() -> tuple[int, dict[str, Any]]:
             async with httpx.AsyncClient(
                 base_url=self.url,
-                timeout=self.timeout_s,
+                timeout=timeout_s,
                 verify=self._verify,
                 headers={"Authorization": f"Bearer {self._token}"},
                 trust_env=False,
@@ -101,10 +117,10 @@ class AgentClient:
                 return response.status_code, body if isinstance(body, dict) else {"body": body}
 
         try:
-            return await asyncio.wait_for(run_in_netns(self.netns, call), self.timeout_s + 1.0)
+            return await asyncio.wait_for(run_in_netns(self.netns, call), timeout_s + 1.0)
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise RemoteError(
-                f"agent {self.url} did not answer {method} {path} within {self.timeout_s:g} s: "
+                f"agent {self.url} did not answer {method} {path} within {timeout_s:g} s: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
         except (httpx.HTTPError, OSError) as exc:
@@ -155,6 +171,25 @@ class AgentClient:
             advised = float(refusal.retry_after_s or 1.0)
             # A little jitter so that waiting monitors do not retry in lock-step.
             await asyncio.sleep(min(left, max(0.1, advised) + random.uniform(0.0, 0.2)))
+
+    async def run(self, request: RunRequest) -> RunAnswer:
+        """Have the agent's host run one probe (a third-party test); the answer comes when the
+        run is over, so the deadline is the run's own plus this client's request timeout.
+        Refusal when the agent says no (limits, credential, busy)."""
+        status, answer = await self.request(
+            "POST",
+            "/v1/runs",
+            request.model_dump(mode="json"),
+            timeout_s=request.deadline_s + self.timeout_s,
+        )
+        if status >= 300:
+            raise Refusal(status, answer, self.url)
+        try:
+            return RunAnswer.model_validate(answer)
+        except ValueError as exc:
+            raise RemoteError(
+                f"agent {self.url}: a run answer this host cannot read: {str(exc).splitlines()[0]}"
+            ) from None
 
     async def release(self, slot_id: str) -> SlotState:
         return SlotState.model_validate(await self._ok("DELETE", f"/v1/slots/{slot_id}"))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
@@ -136,3 +136,88 @@ class Usage(BaseModel):
     # Server kinds this monitor may ask for, and its limits (agent.toml's [monitors.limits]).
     servers: list[str] = Field(default_factory=list)
     limits: dict[str, int | str | None]
+
+
+# ---------------------------------------------------------------------------------------------
+# third-party tests: a mesh's control host has this host run one probe towards another
+
+RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+RUN_ID_PATTERN = SLOT_ID_PATTERN
+PARAM_KEY_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+ParamScalar = str | bool | int | float
+ParamValue = ParamScalar | list[ParamScalar]
+
+
+class ServerAgent(BaseModel):
+    """The destination's agent, where the run asks for a server (with this host's own token)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(pattern=r"^https?://[A-Za-z0-9.\[\]:_-]+(:\d{1,5})?/?$", max_length=200)
+    slot_wait_s: float = Field(default=10.0, ge=0.0, le=600.0)
+
+
+class RunRequest(BaseModel):
+    """One probe run from this host towards ``address``, as ``iepm probe PROBE`` runs it with
+    ``params`` as the target's probe table. Checked against [monitors.runs] before it starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    probe: str = Field(pattern=KIND_PATTERN)
+    # The target's name in results and raw logs (the control host's, e.g. HOST or HOST.LABEL).
+    target: str = Field(pattern=RUN_NAME_PATTERN)
+    address: str = Field(max_length=64)
+    params: dict[str, ParamValue] = Field(default_factory=dict, max_length=64)
+    # The run is killed with its process group at this deadline (at most max_duration_s).
+    deadline_s: float = Field(ge=1.0, le=3600.0, allow_inf_nan=False)
+    server_agent: ServerAgent | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError("must be an IP address (a run goes to an address)") from None
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, value: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        import math
+        import re
+
+        for key, item in value.items():
+            if not re.match(PARAM_KEY_PATTERN, key):
+                raise ValueError(f"{key[:40]!r} is not a parameter name")
+            for scalar in item if isinstance(item, list) else [item]:
+                if isinstance(scalar, float) and not math.isfinite(scalar):
+                    raise ValueError(f"{key}: not a finite number")
+                if isinstance(scalar, str) and (len(scalar) > 256 or "\n" in scalar):
+                    raise ValueError(f"{key}: a string of at most 256 characters on one line")
+            if isinstance(item, list) and len(item) > 64:
+                raise ValueError(f"{key}: at most 64 items")
+        return value
+
+
+RunPhase = Literal["finished", "killed_at_deadline", "failed_to_start"]
+
+
+class RunAnswer(BaseModel):
+    run_id: str
+    monitor: str
+    agent: str
+    probe: str
+    target: str
+    address: str
+    state: RunPhase
+    started_at: datetime
+    duration_s: float
+    exit_code: int | None
+    # The result envelope `iepm probe --json` printed (None: it printed none, e.g. killed).
+    envelope: dict[str, Any] | None
+    # The run's raw-log records, verbatim (iepm.rawlog's format), for the control host's log.
+    raw_log: str
+    # The end of what the command wrote to stderr (its one-line error, if it failed).
+    stderr: str

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import re
 import secrets
@@ -85,12 +86,51 @@ class Limits(StrictModel):
         return None if self.max_rate is None else size_bytes(self.max_rate, base=1000)
 
 
+PROBE_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+class RunLimits(StrictModel):
+    """``[monitors.runs]``: third-party tests — which probes this monitor (a mesh's control
+    host) may have this host run, towards which address ranges, how long and how often. Absent:
+    none at all."""
+
+    probes: list[str] = Field(default_factory=list)
+    # CIDR ranges a test may go to (its address, and the destination agent's address).
+    destinations: list[str] = Field(default_factory=list)
+    # The longest a run may take, all included; it is killed with its process group then.
+    max_duration_s: int = Field(default=120, ge=1, le=3600)
+    tests_per_hour: int = Field(default=120, ge=1, le=36000)
+
+    @field_validator("probes")
+    @classmethod
+    def _probe_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not PROBE_NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a probe name")
+        return value
+
+    @field_validator("destinations")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for net in value:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"{net!r} is not an address range like 198.18.0.0/15") from None
+        return value
+
+    def allows(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return any(ip in ipaddress.ip_network(n, strict=False) for n in self.destinations)
+
+
 class MonitorEntry(StrictModel):
     name: str
     token_sha256: str
     # Server kinds this monitor may ask for (the key keeps its first name: existing files).
     probes: list[str] = Field(default_factory=lambda: list(KINDS))
     limits: Limits = Field(default_factory=Limits)
+    runs: RunLimits | None = None
 
     @field_validator("probes")
     @classmethod
@@ -143,6 +183,12 @@ class AgentSettings(StrictModel):
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    # Third-party tests ([monitors.runs]): the command that runs one probe (default: this
+    # Python's `-m iepm.cli`), runs at once, and the token this host presents to the destination's
+    # agent for a server (it is enrolled there as a monitor; never sent by the control host).
+    iepm_command: list[str] = Field(default_factory=list)
+    max_runs: int = Field(default=4, ge=1, le=64)
+    run_credential_file: str | None = None
 
     @field_validator("server_ports")
     @classmethod
