@@ -194,3 +194,25 @@ def test_tune_due_sweeps_who_needs_it_then_nobody(tmp_path: Path, server: int) -
         assert tuned == swept["summary"]["tuned"]
     missing = CliRunner().invoke(app, ["tune", "--due"])
     assert missing.exit_code == 2 and "--due needs --config" in missing.output
+
+
+def test_schedule_mode_sweeps_in_the_heavy_slot_before_the_run(tmp_path: Path, server: int) -> None:
+    """With a [schedule] table the sweep runs in the heavy loop, before the probe's run."""
+    config = config_text(tmp_path, server, ["a"]) + "\n[schedule]\niperf3 = 300\n"
+    with Archive.open(f"sqlite:///{tmp_path / 'archive.db'}") as archive:
+        seen: list[Result] = []
+
+        def on_result(result: Result) -> None:
+            seen.append(result)
+            scheduler.stop()  # the first routine run ends the test's period
+
+        scheduler = Scheduler(load_config_text(config), archive, watchers=[], on_result=on_result)
+        report = asyncio.run(scheduler.run(cycles=1))
+        assert report is not None and len(report.retuned) == 1, report
+        (study,) = list_studies(archive, kind="sweep")
+        assert not study.partial and study.params["retune"]["by"] == "scheduler"
+        (run,) = seen
+        assert run.succeeded and run.started_at > study.started_at
+        tuned = study.summary["tuned"]
+        assert (run.params["window"], run.params["streams"]) == (tuned["window"], tuned["streams"])
+        no_overlap(iperf3_runs(archive))
