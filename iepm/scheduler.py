@@ -932,8 +932,9 @@ class Scheduler:
                     log.warning("re-tuning %s put off: %s", target.name, exc)
                     return
             try:
-                study = await routine.run(
-                    self.archive, self._context(target), policy, decision.reasons, base=base
+                ctx, reasons = self._context(target), decision.reasons
+                study = await routine.off_loop(
+                    lambda: routine.run(self.archive, ctx, policy, reasons, base=base)
                 )
             except IepmError as exc:  # the archive failed even to record the failure
                 self.health.retune_failures += 1

@@ -17,10 +17,13 @@ study with its reason, and that path waits ``retune_backoff_h`` × 2^(failures i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from iepm.config import MonitorConfig
 from iepm.errors import IepmError
@@ -34,6 +37,7 @@ from iepm.tuning.store import Study, StudyRecorder, list_studies, save_study
 from iepm.tuning.sweep import KIND, run_sweep
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The probe whose parameters a sweep chooses: the scheduler re-tunes before its runs.
 PROBE = iperf3.NAME
@@ -222,3 +226,31 @@ def _failed(
     recorder = StudyRecorder(archive, Study(KIND, ctx.monitor, ctx.target, params))
     summary = {"partial_reason": reason, "tuned_saved": False, "note": "failed scheduled sweep"}
     return recorder.finish(summary, partial=True)
+
+
+async def off_loop(make: Callable[[], Awaitable[T]]) -> T:
+    """Await ``make()`` run on an event loop of its own in a worker thread: the sweep writes its
+    study point by point, and those archive calls must not hold up the scheduler's loop (light
+    probes, live samples). Cancelling the caller cancels the sweep there (it stores what it
+    measured, marked partial) and waits for it to finish."""
+    started = threading.Event()
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> T:
+        box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        started.set()
+        if stop.is_set():
+            raise asyncio.CancelledError
+        return await make()
+
+    done = asyncio.ensure_future(asyncio.to_thread(asyncio.run, main()))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        stop.set()
+        if started.is_set():
+            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        with contextlib.suppress(BaseException):
+            await done
+        raise

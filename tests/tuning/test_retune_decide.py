@@ -179,3 +179,37 @@ def test_settings_are_checked_with_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r":4: monitor.retune_gap_h: .*greater than or equal"):
         load("retune_gap_h = -1")
     load('retune_windows = ["default", "1M"]\nretune_streams = [1, 4]\nretune_gap_h = 0')
+
+
+def test_off_loop_runs_in_a_thread_and_cancelling_reaches_it() -> None:
+    """The sweep runs on a loop of its own (its archive writes never hold up the scheduler's);
+    cancelling the scheduler's side cancels the sweep and waits for its cleanup."""
+    import asyncio
+    import threading
+
+    seen: list[str] = []
+
+    async def answer() -> int:
+        return threading.get_ident()
+
+    async def long_work() -> None:
+        seen.append("started")
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        seen.append("finished")
+
+    async def main() -> None:
+        assert await routine.off_loop(answer) != threading.get_ident()
+        task = asyncio.create_task(routine.off_loop(long_work))
+        async with asyncio.timeout(30):
+            while not seen:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert seen == ["started", "cancelled"]
+
+    asyncio.run(main())
