@@ -22,7 +22,9 @@ After each result is stored it goes to the *watchers* (by default the alert watc
 :mod:`iepm.analysis.watch`, as ``[monitor] alerts`` asks): a watcher that fails is logged and
 counted, never allowed to stop the cycle. With ``[monitor] adaptive`` the exclusive probes of a
 predictable path are not scheduled in every cycle (:mod:`iepm.analysis.adaptive`); each such
-deferral is counted and listed in the cycle's report, and no result is stored for it.
+deferral is counted and listed in the cycle's report, and no result is stored for it. With
+``[monitor] retune`` a path that needs tuning is swept (:mod:`iepm.tuning.routine`) in its tuned
+probe's exclusive slot, just before that probe's run, within a budget; see ``_retune``.
 
 With a ``[schedule]`` table (schedule mode) there is no cycle: each target × probe runs at its
 own interval. Light (background) probes run on their own clocks, at most ``light_limit`` at
@@ -99,7 +101,8 @@ class CycleReport:
     deferred: list[tuple[str, str, str]] = field(default_factory=list)
     # Schedule mode: outcomes counted, not kept (a period holds thousands of light results).
     counted: Counter[str] = field(default_factory=Counter)
-    # (target, study id, reasons) of each re-tuning sweep run in this cycle ([monitor] retune).
+    # (target, study id, reasons) of each re-tuning sweep run in this cycle ([monitor] retune);
+    # the id is "" when the archive could not even record the sweep's failure.
     retuned: list[tuple[str, str, list[str]]] = field(default_factory=list)
 
     @property
@@ -939,6 +942,8 @@ class Scheduler:
             except IepmError as exc:  # the archive failed even to record the failure
                 self.health.retune_failures += 1
                 log.error("re-tuning %s failed and was not recorded: %s", target.name, exc)
+                if report is not None:  # it spent the cycle's budget all the same
+                    report.retuned.append((target.name, "", decision.reasons))
                 return
         self.health.retune_sweeps += 1
         if report is not None:
