@@ -11,7 +11,7 @@ import ipaddress
 import re
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -31,6 +31,7 @@ from iepm.errors import ConfigError
 from iepm.probes import PROBES, default_probes
 from iepm.probes.base import ProbeSpec
 from iepm.remote.access import AgentAccess, SshAccess
+from iepm.tuning.plan import StudyRefused, SweepLimits, SweepPlan, check_plan, parse_window
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -103,6 +104,24 @@ class MonitorConfig(StrictModel):
     adaptive_min_factor: int = Field(default=1, ge=1, le=100)
     adaptive_max_factor: int = Field(default=4, ge=1, le=100)
     adaptive_narrow_percent: float = Field(default=20.0, gt=0.0, le=1000.0)
+    # Re-tuning as a routine mode (iepm.tuning.routine): before a path's scheduled bandwidth
+    # test, the scheduler sweeps retune_windows × retune_streams when the path needs it (never
+    # tuned, tuned over retune_after_days ago, a step or route change since) — at most
+    # retune_per_cycle sweeps per cycle and none within retune_gap_h hours of the last; a failed
+    # sweep waits retune_backoff_h (doubling with each failure in a row) before the next try.
+    retune: bool = False
+    retune_after_days: float = Field(default=30.0, gt=0.0, le=3650.0)
+    retune_per_cycle: int = Field(default=1, ge=1, le=100)
+    retune_gap_h: float = Field(default=6.0, ge=0.0, le=8760.0)
+    retune_backoff_h: float = Field(default=6.0, gt=0.0, le=8760.0)
+    retune_windows: list[str] = Field(
+        default_factory=lambda: ["default", "64K", "256K", "1M", "4M"], min_length=1
+    )
+    retune_streams: list[Annotated[int, Field(ge=1, le=128)]] = Field(
+        default_factory=lambda: [1, 2, 4, 8], min_length=1
+    )
+    retune_duration_s: int = Field(default=10, ge=1, le=300)
+    retune_max_total_s: float = Field(default=1800.0, gt=0.0, le=86400.0)
 
     @field_validator("name")
     @classmethod
@@ -126,6 +145,32 @@ class MonitorConfig(StrictModel):
                 f"adaptive_max_factor ({self.adaptive_max_factor})"
             )
         return self
+
+    @field_validator("retune_windows")
+    @classmethod
+    def _windows_parse(cls, value: list[str]) -> list[str]:
+        for window in value:
+            try:
+                parse_window(window)
+            except ValidationError as exc:  # iperf3's own words, without its field's path
+                raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return value
+
+    @model_validator(mode="after")
+    def _retune_sweep_fits(self) -> MonitorConfig:
+        try:
+            check_plan(self.retune_plan(), SweepLimits(max_total_s=self.retune_max_total_s))
+        except StudyRefused as exc:
+            raise ValueError(str(exc).replace("--max-total", "retune_max_total_s")) from None
+        return self
+
+    def retune_plan(self) -> SweepPlan:
+        """The sweep that re-tuning runs (``retune_windows`` × ``retune_streams``)."""
+        return SweepPlan(
+            windows=[parse_window(w) for w in self.retune_windows],
+            streams=list(self.retune_streams),
+            duration_s=self.retune_duration_s,
+        )
 
 
 # A probe's interval in a [schedule] table: seconds, or "continuous" (a probe with a Stream).

@@ -22,7 +22,9 @@ After each result is stored it goes to the *watchers* (by default the alert watc
 :mod:`iepm.analysis.watch`, as ``[monitor] alerts`` asks): a watcher that fails is logged and
 counted, never allowed to stop the cycle. With ``[monitor] adaptive`` the exclusive probes of a
 predictable path are not scheduled in every cycle (:mod:`iepm.analysis.adaptive`); each such
-deferral is counted and listed in the cycle's report, and no result is stored for it.
+deferral is counted and listed in the cycle's report, and no result is stored for it. With
+``[monitor] retune`` a path that needs tuning is swept (:mod:`iepm.tuning.routine`) in its tuned
+probe's exclusive slot, just before that probe's run, within a budget; see ``_retune``.
 
 With a ``[schedule]`` table (schedule mode) there is no cycle: each target × probe runs at its
 own interval. Light (background) probes run on their own clocks, at most ``light_limit`` at
@@ -76,6 +78,7 @@ from iepm.store.guard import ArchiveDeadline, Guard
 from iepm.store.live import LiveSample
 from iepm.store.spool import Spool
 from iepm.tuned import load_tuned
+from iepm.tuning import routine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,6 +102,9 @@ class CycleReport:
     deferred: list[tuple[str, str, str]] = field(default_factory=list)
     # Schedule mode: outcomes counted, not kept (a period holds thousands of light results).
     counted: Counter[str] = field(default_factory=Counter)
+    # (target, study id, reasons) of each re-tuning sweep run in this cycle ([monitor] retune);
+    # the id is "" when the archive could not even record the sweep's failure.
+    retuned: list[tuple[str, str, list[str]]] = field(default_factory=list)
 
     @property
     def outcomes(self) -> Counter[str]:
@@ -151,6 +157,11 @@ class SchedulerHealth:
     # Live samples (replies, interface rates) and running-test marks not written (archive busy
     # or down: they are a view of now, never spooled).
     live_dropped: int = 0
+    # Re-tuning sweeps run ([monitor] retune), those that failed, and those a budget or back-off
+    # put off.
+    retune_sweeps: int = 0
+    retune_failures: int = 0
+    retune_put_off: int = 0
 
     def gauges(self) -> list[tuple[str, str, float]]:
         """(name, help, value) of what is waiting and where the archive stands, for /metrics."""
@@ -320,6 +331,7 @@ class Scheduler:
         self._light: asyncio.Semaphore | None = None
         self._light_running = 0
         self._stopping: asyncio.Event | None = None
+        self._report: CycleReport | None = None  # the cycle (or period) running now
 
     # -- storing -------------------------------------------------------------------------------
 
@@ -739,6 +751,7 @@ class Scheduler:
                 await self._store(skipped_result(module, spec, self._context(target), reason))
             elif not self._deferred_by_cadence(target, module.NAME):
                 async with self.exclusive:
+                    await self._retune(module, target)
                     await self._run_exclusive(module, target)
             due[i] = self._next_due(due[i], every_s, f"{module.NAME} to {target.name}")
 
@@ -798,7 +811,7 @@ class Scheduler:
             number=self.cycle_number, started_at=utcnow(),
             interval_s=self.config.monitor.cycle_interval_s,
         )  # fmt: skip
-        self._period = report
+        self._period = self._report = report
         await self.catch_up()
         await self._notify_watchers("cycle_started")
         self._deferred = report.deferred
@@ -907,6 +920,67 @@ class Scheduler:
             return await self._run_probe(module, target, spec, note)
         raise AssertionError("unreachable")  # the stack never swallows an exception
 
+    async def _retune(self, module: ModuleType, target: TargetConfig) -> None:
+        """Re-tuning as a routine mode (:mod:`iepm.tuning.routine`): before the tuned probe's
+        run, in its exclusive slot and under its host lease, sweep the path when it needs it
+        and the budget allows; the run that follows uses what the sweep chose. A failed sweep
+        is stored with its reason (back-off); nothing here stops the monitor."""
+        monitor = self.config.monitor
+        if not (monitor.retune and module.NAME == routine.PROBE and target.use_tuned):
+            return
+        if not self._archive_usable():
+            return
+        report = self._report
+        done = len(report.retuned) if report is not None else 0
+        policy = routine.Policy.of(monitor)
+        try:
+            decision = await self._archive_call(
+                ARCHIVE_CALL_S, lambda: routine.decide(
+                    self.archive, policy, monitor=monitor.name, target=target.name,
+                    swept_this_cycle=done,
+                ),
+            )  # fmt: skip
+        except (StoreError, ArchiveDeadline) as exc:
+            log.warning("re-tuning %s not decided: %s", target.name, exc)
+            return
+        if decision.reasons and decision.wait:
+            self.health.retune_put_off += 1
+            log.info("re-tuning %s put off (%s): %s", target.name, "; ".join(decision.reasons),
+                     decision.wait)  # fmt: skip
+        if not decision.run:
+            return
+        base = self.config.spec_for(target, module.NAME)  # untuned: the sweep sets both
+        hold_s = policy.deadline_s() + _setup_budget_s(target) + PROBE_GUARD_S
+        log.info("re-tuning %s: %s", target.name, "; ".join(decision.reasons))
+        async with contextlib.AsyncExitStack() as stack:
+            if self.host_lease is not None:
+                try:
+                    await stack.enter_async_context(self.host_lease(target, module.NAME, hold_s))
+                except IepmError as exc:
+                    self.health.lease_refusals += 1
+                    log.warning("re-tuning %s put off: %s", target.name, exc)
+                    return
+            try:
+                ctx, reasons = self._context(target), decision.reasons
+                study = await routine.off_loop(
+                    lambda: routine.run(self.archive, ctx, policy, reasons, base=base)
+                )
+            except IepmError as exc:  # the archive failed even to record the failure
+                self.health.retune_failures += 1
+                log.error("re-tuning %s failed and was not recorded: %s", target.name, exc)
+                if report is not None:  # it spent the cycle's budget all the same
+                    report.retuned.append((target.name, "", decision.reasons))
+                return
+        self.health.retune_sweeps += 1
+        if report is not None:
+            report.retuned.append((target.name, study.id, decision.reasons))
+        failure = routine.failure_reason(study)
+        if failure is not None:
+            self.health.retune_failures += 1
+            log.warning("re-tuning %s failed (study %s): %s", target.name, study.id, failure)
+        else:
+            log.info("re-tuned %s (study %s): %s", target.name, study.id, study.summary["tuned"])
+
     async def run_target(self, target: TargetConfig) -> list[Result]:
         modules = [PROBES[name] for name in target.probes]
         background = [m for m in modules if m.META.scheduling == "background"]
@@ -930,6 +1004,7 @@ class Scheduler:
             if self._deferred_by_cadence(target, module.NAME):
                 continue
             async with self.exclusive:
+                await self._retune(module, target)
                 results.append(await self._run_exclusive(module, target))
         return results
 
@@ -976,6 +1051,7 @@ class Scheduler:
             started_at=utcnow(),
             interval_s=self.config.monitor.cycle_interval_s,
         )
+        self._report = report
         await self.catch_up()
         await self._notify_watchers("cycle_started")
         self._deferred = report.deferred

@@ -274,8 +274,8 @@ def _due_targets(config: Path | None, period_days: float) -> list[str]:
                     period_s=period_days * 86400,
                 )
             )
-            if reasons:
-                console.print(f"{entry.name}: " + "; ".join(reasons))
+            if reasons:  # on stderr: --json keeps stdout for the studies
+                Console(stderr=True).print(f"{entry.name}: " + "; ".join(reasons))
                 due.append(entry.name)
     return due
 

@@ -14,6 +14,8 @@ from iepm.store import Archive
 from iepm.store.schema import alerts
 from iepm.tuning.store import list_studies
 
+TUNING_CAUSE = "tuning"
+
 
 def latest_route(archive: Archive, target: str) -> Route | None:
     """The route of the latest successful traceroute to ``target`` (among its last 20), if any."""
@@ -49,10 +51,13 @@ def retune_reasons(
             f"last tuned {age.total_seconds() / 86400:.1f} days ago "
             f"(period {period_s / 86400:g} days)"
         )
+    # A change the new tuning itself explains (cause "tuning") is not a reason to tune again:
+    # it would re-tune every path after each sweep.
     query = select(alerts).where(
         (alerts.c.target == target)
         & (alerts.c.monitor == monitor)
         & (alerts.c.detected_at > last.started_at)
+        & (alerts.c.cause != TUNING_CAUSE)
     )
     with archive.reading(f"cannot read alerts for {target}") as conn:
         for row in conn.execute(query):

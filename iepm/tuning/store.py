@@ -81,18 +81,22 @@ class StudyRecorder:
         return self.study
 
     def _save(self) -> None:
-        study = self.study
-        with self.archive.writing(f"cannot update study {study.id}") as conn:
-            conn.execute(
-                update(studies)
-                .where(studies.c.id == study.id)
-                .values(
-                    data=study.data,
-                    summary=study.summary,
-                    partial=study.partial,
-                    finished_at=study.finished_at,
-                )
+        save_study(self.archive, self.study)
+
+
+def save_study(archive: Archive, study: Study) -> None:
+    """Rewrite a stored study's data, summary, partial flag and end."""
+    with archive.writing(f"cannot update study {study.id}") as conn:
+        conn.execute(
+            update(studies)
+            .where(studies.c.id == study.id)
+            .values(
+                data=study.data,
+                summary=study.summary,
+                partial=study.partial,
+                finished_at=study.finished_at,
             )
+        )
 
 
 def _row(study: Study) -> dict[str, Any]:
