@@ -928,6 +928,8 @@ class Scheduler:
         monitor = self.config.monitor
         if not (monitor.retune and module.NAME == routine.PROBE and target.use_tuned):
             return
+        if self.execute is not None:  # a sweep would run here, not from the source host
+            return
         if not self._archive_usable():
             return
         report = self._report

@@ -17,10 +17,10 @@ Everything except the in-process scheduler counters is read from the archive, so
   the analysis, by likely cause: route, host, tuning, unknown);
 - ``iepm_host_lease_seconds_left{host,holder,probe}``: the mesh's host leases held now;
 - with a scheduler in the same process: ``iepm_archive_write_failures_total``,
-  ``iepm_spooled_results_total``, ``iepm_host_lease_refusals_total`` and
-  ``iepm_host_lease_wait_seconds_total`` (a failed archive write is, by its nature, not in the
-  archive), and the gauges of ``SchedulerHealth.gauges()`` (``iepm_archive_up``, what waits in
-  the spool or in memory).
+  ``iepm_spooled_results_total``, ``iepm_host_lease_refusals_total``,
+  ``iepm_host_lease_wait_seconds_total`` and ``iepm_retune_{sweeps,failures,put_off}_total``
+  (a failed archive write is, by its nature, not in the archive), and the gauges of
+  ``SchedulerHealth.gauges()`` (``iepm_archive_up``, what waits in the spool or in memory).
 """
 
 from __future__ import annotations
@@ -150,6 +150,15 @@ class ArchiveCollector(Collector):
                 "Time exclusive tests waited for their hosts' leases",
                 value=self.health.lease_wait_s,
             )
+            for name, text, value in (
+                ("iepm_retune_sweeps", "Re-tuning sweeps the scheduler ran ([monitor] retune)",
+                 self.health.retune_sweeps),
+                ("iepm_retune_failures", "Re-tuning sweeps that failed (then backed off)",
+                 self.health.retune_failures),
+                ("iepm_retune_put_off", "Re-tuning sweeps due but put off by budget or back-off",
+                 self.health.retune_put_off),
+            ):  # fmt: skip
+                yield CounterMetricFamily(name, text, value=value)
             yield CounterMetricFamily(
                 "iepm_archive_write_failures",
                 "Results this monitor could not write to the archive (spooled instead)",

@@ -66,7 +66,11 @@ def xrootd_children(agent: RunningAgent) -> list[psutil.Process]:
 
 def slot_files(memory_dir: Path) -> list[Path]:
     slots = memory_dir / "slots"
-    return list(slots.rglob("*")) if slots.exists() else []
+    while True:
+        try:
+            return list(slots.rglob("*")) if slots.exists() else []
+        except FileNotFoundError:  # the agent removed a slot while it was listed: list again
+            continue
 
 
 def context(agent: RunningAgent, monitor: str = "mon1") -> ProbeContext:

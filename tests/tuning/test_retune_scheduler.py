@@ -134,6 +134,17 @@ def test_sweep_runs_once_then_the_tuned_parameters_are_used(tmp_path: Path, serv
         # The other path waited for the budget in each later cycle (and in the first: one per
         # cycle).
         assert scheduler.health.retune_put_off == 3
+        # /metrics, served beside this scheduler, counts them as they stand.
+        from iepm.web.metrics import metrics_text
+        from iepm.web.queries import Queries
+
+        queries = Queries(f"sqlite:///{tmp_path / 'archive.db'}", cache_ttl_s=0.0)
+        try:
+            text = metrics_text(queries, scheduler.health)[0].decode()
+        finally:
+            queries.close()
+        for counter, value in (("sweeps", 1), ("failures", 0), ("put_off", 3)):
+            assert f"iepm_retune_{counter}_total {value:.1f}" in text.splitlines()
         (study,) = list_studies(archive, kind="sweep")
         assert study.id == study_id and study.target == name and not study.partial
         assert study.params["retune"] == {"by": "scheduler", "reasons": reasons}
