@@ -160,6 +160,7 @@ def test_rate_steps_and_route_switches_are_detected_with_precision_and_recall_0_
     ]
     recall = true / len(events)
     precision = true / len(alerts) if alerts else 0.0
+    print(f"precision {precision:.2f} recall {recall:.2f} (event, Mbit/s, cycles): {summary}")
     assert recall >= 0.9, summary
     assert precision >= 0.9, (summary, [(a.summary, a.detected_at) for a in alerts])
     # Each detection says which way the throughput went.
