@@ -14,11 +14,13 @@ both sides of each point (it sees the future); it shows the noise floor of this 
 ``--folds clients``: leave-clients-out cross-validation instead (files are
 ``<client>_<server>_<d|u>_throughput.txt``; four clients, so four folds). The tune/test halves
 share clients and so flatter the ensemble; here each fold holds one whole client out. The
-candidates (:data:`CANDIDATES`: member sets × selector error cap × decay) are walked on every
-file; each fold chooses the candidate on its training clients only (:func:`criterion`: the worst
+candidates (:data:`CANDIDATES`: member sets × selector error cap × decay × blend toward MA(5) ×
+guard) are walked on every file (in one walk per file, over the same predictors); each fold
+chooses the whole configuration on its training clients only (nested; :func:`criterion`: the worst
 ratio to MA(5) over the training clients' pooled summaries and each training path group's
 trimmed mean and P90, lowest wins) and reports the held-out client's figures for MA(5), EWMA and
 that choice, all in the same run. ``pooled`` puts the four held-out clients' points together.
+``hindsight_not_a_result`` is, for scale only, what the held-out client itself would have chosen.
 ``shipped`` is the same rule's choice on all clients, which must be the default
 (``ENSEMBLE_CONFIG``), and its figures per client — those are NOT held out.
 
