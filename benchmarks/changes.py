@@ -53,7 +53,16 @@ sys.path.insert(0, str(REPO))
 from iepm.analysis.changes import OnlineDetector, detect_online, segment  # noqa: E402
 from iepm.analysis.series import read_series  # noqa: E402
 
-DATA = REPO.parent / "shared" / "data" / "rtt-changes"
+
+def _shared_data(repo: Path) -> Path:
+    """``../shared/data`` beside the checkout, or beside an ancestor (a worktree nested deeper)."""
+    for base in repo.parents:
+        if (base / "shared" / "data").is_dir():
+            return base / "shared" / "data"
+    return repo.parent / "shared" / "data"
+
+
+DATA = _shared_data(REPO) / "rtt-changes"
 MARGIN = 5
 T = TypeVar("T")
 # --ceiling grids: bandwidth (noise scales) × penalty (samples), around the defaults.

@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO.parent / "shared" / "data"
+
+
+def _shared_data(repo: Path) -> Path:
+    """``../shared/data`` beside the checkout, or beside an ancestor (a worktree nested deeper)."""
+    for base in repo.parents:
+        if (base / "shared" / "data").is_dir():
+            return base / "shared" / "data"
+    return repo.parent / "shared" / "data"
+
+
+DATA = _shared_data(REPO)
 NDT = DATA / "ndt"
 STEP_FILE = NDT / "e45f01963c21_gig03_d_throughput.txt"
 

@@ -23,8 +23,9 @@ from iepm.analysis.changes import (
     segment,
 )
 from iepm.analysis.series import read_series
+from tests.analysis.conftest import DATA
 
-RTT_CHANGES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "rtt-changes"
+RTT_CHANGES = DATA / "rtt-changes"
 
 
 def noisy(levels: list[tuple[int, float]], sd: float = 1.0, seed: int = 0) -> np.ndarray:

@@ -21,7 +21,7 @@ from iepm.analysis.forecast import (
     walk_forward_all,
 )
 from iepm.analysis.series import AnalysisError, read_series
-from tests.analysis.conftest import hourly
+from tests.analysis.conftest import DATA, hourly
 
 
 def test_constant_series_zero_error_narrow_interval() -> None:
@@ -123,7 +123,7 @@ def test_real_series_ensemble_beats_ma5(step_file: Path) -> None:
     assert 0.7 <= cover <= 0.9
 
 
-NDT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ndt"
+NDT = DATA / "ndt"
 
 
 def test_real_ndt_series_ensemble_beats_ma5_on_p90_and_trimmed_mean() -> None:
@@ -233,7 +233,7 @@ def test_one_method_alone_gives_exactly_what_the_full_walk_gives(method: str) ->
     assert walk_forward(t, y, method) == walk_forward_all(t, y)[method]
 
 
-@settings(max_examples=200, derandomize=True)
+@settings(max_examples=200, derandomize=True, deadline=None)
 @given(
     st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=120),
     st.floats(0.0, 1.0),

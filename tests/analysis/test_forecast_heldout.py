@@ -21,9 +21,9 @@ from iepm.analysis.forecast import (
     walk_forward_all,
 )
 from iepm.analysis.series import AnalysisError, read_series
-from tests.analysis.conftest import hourly
+from tests.analysis.conftest import DATA, hourly
 
-NDT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ndt"
+NDT = DATA / "ndt"
 HELD_OUT = "e45f01963c21"
 
 

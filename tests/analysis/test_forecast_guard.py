@@ -1,0 +1,122 @@
+"""The ensemble's safeguards toward MA(5): the blend (shrinking toward it) and the guard (falling
+back to it while the ensemble's own recent record is worse), and several ensembles in one walk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from iepm.analysis.forecast import (
+    ENSEMBLE_CONFIG,
+    LEVEL_MEMBERS,
+    EnsembleConfig,
+    Forecast,
+    walk_forward_all,
+)
+from iepm.analysis.series import AnalysisError
+from tests.analysis.conftest import hourly
+
+GUARDED = EnsembleConfig(LEVEL_MEMBERS, cap=3.0, guard=100)
+UNGUARDED = EnsembleConfig(LEVEL_MEMBERS, cap=3.0)
+
+
+def random_walk(n: int, seed: int) -> np.ndarray:
+    """Multiplicative random walk: the latest samples say most, so MA(5) beats the level-based
+    members (medians of the current level lag behind) on both P90 and mean."""
+    rng = np.random.default_rng(seed)
+    return 100.0 * np.exp(np.cumsum(rng.normal(0, 0.05, n)))
+
+
+def noisy_level(n: int, seed: int) -> np.ndarray:
+    """A steady level with noise and dips: the level-based members beat MA(5)."""
+    rng = np.random.default_rng(seed)
+    y = 100.0 * rng.uniform(0.85, 1.05, n)
+    dips = rng.random(n) < 0.05
+    y[dips] *= rng.uniform(0.1, 0.4, int(dips.sum()))
+    return y
+
+
+def rel(fcs: list[Forecast]) -> np.ndarray:
+    return np.array([abs(f.forecast - f.observed) / f.observed for f in fcs])
+
+
+def test_the_guard_falls_back_to_ma5_where_ma5_is_the_better_forecast() -> None:
+    n = 600
+    y = random_walk(n, seed=3)
+    walks = walk_forward_all(
+        hourly(n), y, methods=("ma5",), ensembles={"g": GUARDED, "u": UNGUARDED}
+    )
+    guarded, unguarded, ma5 = walks["g"], walks["u"], walks["ma5"]
+    late = guarded[200:]
+    assert sum(f.method == "ma5" for f in late) > 0.6 * len(late)
+    assert all(
+        f.forecast == m.forecast for f, m in zip(guarded, ma5, strict=True) if f.method == "ma5"
+    )
+    assert not any(f.method == "ma5" for f in unguarded)  # not a member: only the guard uses it
+    for stat in (np.mean, lambda e: np.quantile(e, 0.9)):
+        assert stat(rel(guarded[200:])) < stat(rel(unguarded[200:]))
+    # Until the guard has a record (20 forecasts), the ensemble is never overruled.
+    assert [f.forecast for f in guarded[:20]] == [f.forecast for f in unguarded[:20]]
+
+
+def test_the_guard_keeps_the_ensemble_where_it_is_the_better_forecast() -> None:
+    n = 600
+    y = noisy_level(n, seed=4)
+    walks = walk_forward_all(
+        hourly(n), y, methods=("ma5",), ensembles={"g": GUARDED, "u": UNGUARDED}
+    )
+    guarded, unguarded, ma5 = walks["g"], walks["u"], walks["ma5"]
+    held = sum(f.method == "ma5" for f in guarded)
+    assert held < 0.05 * len(guarded)
+    same = [f.forecast == u.forecast for f, u in zip(guarded, unguarded, strict=True)]
+    assert sum(same) == len(guarded) - held
+    assert np.quantile(rel(guarded), 0.9) < np.quantile(rel(ma5), 0.9)
+
+
+def test_the_guard_sees_only_the_past() -> None:
+    n, cut = 400, 250
+    y = random_walk(n, seed=5)
+    z = y.copy()
+    z[cut:] = z[cut:][::-1] * 3.0  # a different future
+    a = walk_forward_all(hourly(n), y, methods=(), ensembles={"g": GUARDED})["g"]
+    b = walk_forward_all(hourly(n), z, methods=(), ensembles={"g": GUARDED})["g"]
+    before = [(f.forecast, f.method) for f in a if f.index <= cut]
+    assert before == [(f.forecast, f.method) for f in b if f.index <= cut]
+    assert [f.forecast for f in a] != [f.forecast for f in b]
+
+
+@pytest.mark.parametrize("blend", [0.25, 0.5])
+def test_the_blend_shrinks_the_chosen_members_forecast_toward_ma5(blend: float) -> None:
+    n = 300
+    y = noisy_level(n, seed=6)
+    config = EnsembleConfig(LEVEL_MEMBERS, cap=3.0, blend=blend)
+    walks = walk_forward_all(hourly(n), y, methods=("ma5", *LEVEL_MEMBERS), ensembles={"b": config})
+    for k, f in enumerate(walks["b"]):
+        member = walks[f.method][k].forecast
+        expected = (1 - blend) * member + blend * walks["ma5"][k].forecast
+        assert f.forecast == pytest.approx(expected, rel=1e-12)
+        assert f.lower <= f.forecast <= f.upper
+
+
+def test_several_ensembles_in_one_walk_are_the_same_as_separate_walks() -> None:
+    n = 300
+    y = random_walk(n, seed=8)
+    configs = {"g": GUARDED, "b": EnsembleConfig(LEVEL_MEMBERS, blend=0.25), "d": ENSEMBLE_CONFIG}
+    together = walk_forward_all(hourly(n), y, methods=("auto",), ensembles=configs)
+    assert together["d"] == together["auto"]
+    for name, config in configs.items():
+        alone = walk_forward_all(hourly(n), y, methods=("auto",), ensemble=config)["auto"]
+        assert together[name] == alone
+
+
+def test_the_shipped_ensemble_is_guarded_and_has_the_baselines_as_members() -> None:
+    assert ENSEMBLE_CONFIG.guard >= 20 and {"ma5", "ewma"} <= set(ENSEMBLE_CONFIG.members)
+
+
+def test_blend_guard_and_names_are_checked() -> None:
+    with pytest.raises(AnalysisError, match="blend"):
+        EnsembleConfig(LEVEL_MEMBERS, blend=1.0)
+    with pytest.raises(AnalysisError, match="guard"):
+        EnsembleConfig(LEVEL_MEMBERS, guard=5)
+    with pytest.raises(AnalysisError, match="method's name"):
+        walk_forward_all(hourly(10), np.ones(10), ensembles={"ma5": GUARDED})
