@@ -61,6 +61,8 @@ SPOOL_BYTES = 512 << 20
 ITEM = struct.Struct("!BH")
 READY = "ready"  # the worker's first line: archive open, records will be stored
 FRAME = struct.Struct("!I")
+# The writer joins queued batches into one transaction of at most about this many records.
+WRITE_RECORDS = 50_000
 
 
 @dataclass
@@ -161,7 +163,22 @@ class Pipeline:
         return True
 
     def _write_loop(self) -> None:
-        while (batch := self._queue.get()) is not None:
+        done = False
+        while not done:
+            batch = self._queue.get()
+            if batch is None:
+                break
+            # Batches that queued up while the last write ran go in the same transaction (up
+            # to WRITE_RECORDS): a backlog is written with fewer commits, each an fsync.
+            while len(batch) < WRITE_RECORDS:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    done = True
+                    break
+                batch.extend(more)
             if self.archive is None:  # decode-only: count as stored
                 stored = len(batch)
             else:
