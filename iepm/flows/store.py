@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, or_, select
 
+from iepm.errors import StoreError
 from iepm.flows.decode import Flow
 from iepm.store import Archive
 from iepm.store.schema import flows as FLOWS
@@ -68,20 +69,32 @@ def add_flows(archive: Archive, flows: Iterable[Flow], source: str) -> int:
     counted. PostgreSQL: ``COPY`` (psycopg 3, binary) into a temporary table, then one
     ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``, whose rowcount is the new rows: a row-by-row
     ``executemany`` is a round trip per row."""
-    with archive.writing("cannot store flow records") as conn:
-        if conn.dialect.name == "postgresql":
-            return _copy_pg(conn, flows, source)
-        sql = (
-            f"INSERT INTO flows ({_ID_SQL}) "
-            f"VALUES ({', '.join(['?'] * (len(COLUMNS) + 2))}) ON CONFLICT DO NOTHING"
-        )
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    doing = "cannot store flow records"
+    with archive.writing(doing) as conn:
+        # These run on the driver's own connection, where SQLAlchemy does not turn the
+        # driver's errors into its own (nor the archive into a StoreError): done here, so the
+        # collector's writer counts a failed batch and goes on. OverflowError: an integer
+        # beyond the column's 64 bits (sqlite3 raises it while binding).
         try:
-            cursor.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
-            cursor.executemany(sql, flow_rows(flows, source))
-            return int(cursor.rowcount)
-        finally:
-            cursor.close()
+            if conn.dialect.name == "postgresql":
+                return _copy_pg(conn, flows, source)
+            return _insert_sqlite(conn, flows, source)
+        except (conn.dialect.loaded_dbapi.Error, OverflowError) as exc:
+            raise StoreError(f"{doing} (archive {archive.url}): {exc}".strip()) from exc
+
+
+def _insert_sqlite(conn: Connection, flows: Iterable[Flow], source: str) -> int:
+    sql = (
+        f"INSERT INTO flows ({_ID_SQL}) "
+        f"VALUES ({', '.join(['?'] * (len(COLUMNS) + 2))}) ON CONFLICT DO NOTHING"
+    )
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
+        cursor.executemany(sql, flow_rows(flows, source))
+        return int(cursor.rowcount)
+    finally:
+        cursor.close()
 
 
 def _copy_pg(conn: Connection, flows: Iterable[Flow], source: str) -> int:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from iepm.errors import StoreError
 from iepm.flows.decode import Flow
 from iepm.flows.store import add_flows, flow_id, read_flows
 from iepm.store import Archive
@@ -63,4 +64,40 @@ def test_large_batches_store_each_record_once(archive: Archive) -> None:
 
 def test_an_empty_batch_stores_nothing(archive: Archive) -> None:
     assert add_flows(archive, [], "udp") == 0
+    assert list(read_flows(archive)) == []
+
+
+def test_a_failing_write_is_a_store_error_and_stores_nothing(
+    archive: Archive, archive_url: str
+) -> None:
+    """The write runs on the driver's connection: its errors still come out as StoreError
+    (what the collector's writer counts), and the batch's transaction is rolled back."""
+    with archive.writing("test setup") as conn:
+        if archive_url.startswith("sqlite"):
+            conn.exec_driver_sql(
+                "CREATE TRIGGER no_big BEFORE INSERT ON flows WHEN NEW.bytes > 1000 "
+                "BEGIN SELECT RAISE(ABORT, 'too big'); END"
+            )
+        else:
+            conn.exec_driver_sql(
+                "CREATE FUNCTION no_big() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN IF NEW.bytes > 1000 THEN RAISE EXCEPTION 'too big'; END IF; "
+                "RETURN NEW; END $$"
+            )
+            conn.exec_driver_sql(
+                "CREATE TRIGGER no_big BEFORE INSERT ON flows "
+                "FOR EACH ROW EXECUTE FUNCTION no_big()"
+            )
+    small = [f._replace(bytes=10) for f in sample(5, 3)]
+    big = sample(1, 4)[0]._replace(bytes=5000)
+    with pytest.raises(StoreError, match=r"cannot store flow records.*too big"):
+        add_flows(archive, [*small, big], "udp")
+    assert list(read_flows(archive)) == []
+    assert add_flows(archive, small, "udp") == 5  # the archive is fine for the next batch
+
+
+def test_a_counter_beyond_64_bits_is_a_store_error(archive: Archive) -> None:
+    huge = sample(1, 5)[0]._replace(bytes=2**64 - 1)  # an IPFIX unsigned64 at its top
+    with pytest.raises(StoreError, match="cannot store flow records"):
+        add_flows(archive, [huge], "udp")
     assert list(read_flows(archive)) == []
