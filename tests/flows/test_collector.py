@@ -229,7 +229,7 @@ def test_cli_collect_stores_and_reports_on_term(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen", "127.0.0.1:0",
-         "--db", url, "--flush-s", "0.05", "--progress-s", "0.1"],
+         "--db", url, "--flush-s", "0.05", "--progress-s", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
@@ -242,7 +242,9 @@ def test_cli_collect_stores_and_reports_on_term(tmp_path: Path) -> None:
         out.sendto(enc.v5(sample(7), seq=0, now_ms=NOW, uptime_ms=UPTIME), ("127.0.0.1", port))
         out.close()
         with Archive.open(url) as archive:
-            wait_until(lambda: len(list(read_flows(archive))) == 7)
+            # The worker starts (imports, opens the archive) after the datagram came: a loaded
+            # host takes its time.
+            wait_until(lambda: len(list(read_flows(archive))) == 7, 120)
         # Progress lines count records once they are committed.
         item = progress_lines(proc.stderr, lambda item: item["stored"] == 7)
         assert item["records"] == 7 and item["pid"] != proc.pid
