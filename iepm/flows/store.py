@@ -66,8 +66,9 @@ def add_flows(archive: Archive, flows: Iterable[Flow], source: str) -> int:
     SQLite: one ``executemany`` of a prepared ``INSERT ... ON CONFLICT DO NOTHING`` over plain
     tuples (SQLAlchemy's per-row parameter processing cost more than the insert itself at
     collector rates); sqlite3 sums the inserted rows in ``rowcount``, a skipped row is not
-    counted. PostgreSQL: ``COPY`` (psycopg 3, binary) into a temporary table, then one
-    ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``, whose rowcount is the new rows: a row-by-row
+    counted. PostgreSQL: ``COPY`` (psycopg 3, binary) straight into the table, or, when some
+    record is already stored, into a temporary table then one ``INSERT ... SELECT ... ON
+    CONFLICT DO NOTHING``, whose rowcount is the new rows (see :func:`_copy_pg`): a row-by-row
     ``executemany`` is a round trip per row."""
     doing = "cannot store flow records"
     with archive.writing(doing) as conn:
@@ -98,17 +99,36 @@ def _insert_sqlite(conn: Connection, flows: Iterable[Flow], source: str) -> int:
 
 
 def _copy_pg(conn: Connection, flows: Iterable[Flow], source: str) -> int:
+    """Straight into ``flows`` first, inside a savepoint: a collector's batches are new records,
+    and so each row is written once. If an id is already there (a datagram met twice, a file
+    imported again), the savepoint is rolled back and the batch goes through the scratch table,
+    which skips what is stored."""
+    rows = list(flow_rows(flows, source))
     raw = conn.connection.driver_connection
+    unique_violation = conn.dialect.loaded_dbapi.IntegrityError
     with raw.cursor() as cursor:  # type: ignore[union-attr]
+        cursor.execute("SAVEPOINT iepm_flows")
+        try:
+            _copy_rows(cursor, "flows", rows)
+        except unique_violation as exc:
+            if getattr(exc, "sqlstate", None) != "23505":
+                raise
+            cursor.execute("ROLLBACK TO SAVEPOINT iepm_flows")
+        else:
+            cursor.execute("RELEASE SAVEPOINT iepm_flows")
+            return len(rows)
         cursor.execute(_PG_STAGE_SQL)
-        with cursor.copy(f"COPY {_PG_STAGE} ({_ID_SQL}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(_PG_TYPES)
-            write = copy.write_row
-            for row in flow_rows(flows, source):
-                write(row)
+        _copy_rows(cursor, _PG_STAGE, rows)
         cursor.execute(_PG_MOVE_SQL)
-        new = int(cursor.rowcount)
-    return new
+        return int(cursor.rowcount)
+
+
+def _copy_rows(cursor: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
+    with cursor.copy(f"COPY {table} ({_ID_SQL}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(_PG_TYPES)
+        write = copy.write_row
+        for row in rows:
+            write(row)
 
 
 def read_flows(
