@@ -1,19 +1,33 @@
-"""Flow ingest rate: ``iepm flows collect`` against nfcapd on the same stream, in the same run.
+"""Flow ingest: ``iepm flows collect`` against nfcapd on the same stream, in the same run.
 
 For NetFlow v5, v9 and IPFIX, export packets (30 records each, sequence numbers running, v9/IPFIX
-templates re-sent every 20 packets) are replayed on loopback at rising record rates; every
-packet goes to both collectors, which get the same socket receive buffer. After each step the
-sender waits until both sockets' queues are empty, then stops both: iepm prints its counts
-(records decoded, sequence loss) and has written every record to a SQLite archive; nfcapd's file
-is counted with ``nfdump -I``. A collector's *loss-free rate* is the highest step at which it got
-every record; ``ratio`` is iepm's over nfcapd's (the goal: ≥ 1). iepm's receiver holds a burst
-its worker cannot write at once in a spool and writes it afterwards, so the loss-free rate of a
-short step can exceed what it sustains: ``kept_pace_records_per_s`` is the highest step at which
-it also finished storing within KEPT_PACE_S of the sender's end, and ``iepm_stored_per_s`` the
-records stored per second from the first sent to the last stored. iepm's memory is the peak RSS
-of its two processes (receiver + worker). Prints one JSON object.
+templates re-sent every 20 packets, every record distinct) are replayed on loopback; every packet
+goes to both collectors, which get the same socket receive buffer. nfcapd writes its file
+(counted with ``nfdump -I``); iepm writes its archive. Three parts:
 
-    .venv/bin/python benchmarks/flows.py [--seconds 2] [--rates 5000,10000,...] [--versions 5,9,10]
+- ``receive``: short steps (``--seconds``) at rising rates. A collector's *loss-free receive
+  rate* is the highest step at which it got every record (iepm: decoded, its spool may still be
+  writing them); ``ratio`` is iepm's over nfcapd's.
+- ``sustained``: the stream is held for ``--hold`` seconds (long enough that iepm's memory spool
+  cannot hide a backlog) at rising rates, into SQLite and into PostgreSQL. iepm's records count
+  only once committed to the archive (the worker's progress lines, ``--progress-s``). iepm's
+  *sustained loss-free rate* is the highest step at which every record was in the archive within
+  ``KEPT_PACE_S`` of the sender's end; ``stored_per_s`` is the slope of its committed count over
+  the hold (after the first ``WARMUP`` of it), the rate it sustains when the stream is faster.
+  nfcapd's sustained loss-free rate is the highest step at which its file had every record
+  (steps go on with nfcapd alone once iepm fell behind). ``ratio``: iepm's over nfcapd's.
+- ``store``: where the worker's time goes, per record, on the same rows: decoding, building the
+  rows (ids), iepm's ``add_flows`` into a fresh archive, and the baseline a user would reach with
+  no iepm code at all: the driver alone (sqlite3 ``executemany`` of a plain INSERT in WAL mode /
+  psycopg's binary ``COPY`` straight into the table), same schema, same transactions.
+
+iepm's memory is the peak RSS (VmHWM) of its two processes (receiver + worker). PostgreSQL is a
+durable server (fsync on) started for the run (tests/pg.py), or ``--pg-url``. Prints one JSON
+object; each step also goes to stderr as it ends.
+
+    .venv/bin/python benchmarks/flows.py [--parts receive,sustained,store] [--versions 5,9,10]
+        [--seconds 2] [--rates 5000,...] [--hold 60] [--sustained-rates 20000,...]
+        [--dbs sqlite,postgresql] [--store-rows 300000] [--pg-url URL]
 """
 
 from __future__ import annotations
@@ -22,28 +36,48 @@ import argparse
 import json
 import os
 import random
-import select
 import shutil
 import signal
 import socket
+import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from iepm.flows import store  # noqa: E402
+from iepm.flows.collector import PROGRESS  # noqa: E402
+from iepm.flows.decode import Decoder  # noqa: E402
+from iepm.store import Archive  # noqa: E402
 from tests.flows import encoder as enc  # noqa: E402  (the independent encoder of the tests)
+from tests.pg import find_bindir, running_server  # noqa: E402
 
 RECORDS_PER_PACKET = 30
 TEMPLATE_EVERY = 20
+POOL_PACKETS = 20 * TEMPLATE_EVERY  # distinct base packets; each sent copy is made unique
 RCVBUF = 4 << 20  # within net.core.rmem_max here, so nfcapd (SO_RCVBUF) gets what iepm gets
 TICK_S = 0.002
-KEPT_PACE_S = 2.0
+KEPT_PACE_S = 5.0  # the worker writes at least every second (flush_s); a few writes late
+WARMUP = 0.1  # of the hold, before the stored-rate slope is taken
+PROGRESS_S = 0.5
+# Octet counts of the pool's records: a marker found again in the packet, to patch it.
+MARK = 0x5EED0000
+SEQ_OFFSET = {5: 16, 9: 12, 10: 8}
+WRITE_ROWS = 50_000  # rows per transaction in the store part (the writer's WRITE_RECORDS)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -62,78 +96,79 @@ def udp_queue(port: int) -> int | None:
     return int(out[1]) if len(out) > 1 else None
 
 
-def storing(proc: subprocess.Popen[str], timeout_s: float) -> None:
-    """Wait for ``iepm flows collect`` to say it stores records (its stderr)."""
-    deadline = time.monotonic() + timeout_s
-    assert proc.stderr is not None
-    while time.monotonic() < deadline:
-        if not select.select([proc.stderr], [], [], 0.5)[0]:
-            continue
-        line = proc.stderr.readline()
-        if not line:
-            raise RuntimeError("iepm flows collect exited before storing")
-        if line.strip() == "storing records":
-            return
-    raise TimeoutError(f"iepm storing: not within {timeout_s:g} s")
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def packets(version: int, count: int, rng: random.Random) -> list[bytes]:
-    now = int(time.time() * 1000)
-    out = []
-    for k in range(count):
-        flows = [
-            enc.F(f"198.18.{rng.randrange(256)}.{rng.randrange(256)}", "198.19.0.1",
-                  rng.randrange(1024, 65536), 5201, 6, rng.randrange(1, 10**9),
-                  rng.randrange(1, 10**6), now - 60_000 + k, now - 1000 + k)
-            for _ in range(RECORDS_PER_PACKET)
-        ]  # fmt: skip
-        if version == 5:
-            out.append(enc.v5(flows, seq=k * RECORDS_PER_PACKET, now_ms=now, uptime_ms=3_600_000))
-            continue
-        fields = enc.V9_FIELDS if version == 9 else enc.IPFIX_FIELDS
-        sets = [enc.template_set(version, 256, fields)] if k % TEMPLATE_EVERY == 0 else []
-        sets.append(enc.data_set(256, flows, fields, now_ms=now, uptime_ms=3_600_000))
-        if version == 9:
-            out.append(enc.v9(sets, seq=k, now_ms=now, uptime_ms=3_600_000))
-        else:
-            out.append(enc.ipfix(sets, seq=k * RECORDS_PER_PACKET, now_ms=now))
-    return out
+class Stream:
+    """Export packets of one version, made with the tests' encoder once (a pool), then copied
+    with their sequence number and each record's octet count rewritten: every record of the
+    stream is distinct (iepm would store a repeated one once), at a sender's cost of a few
+    ``pack_into`` per packet instead of encoding each record."""
+
+    def __init__(self, version: int, rng: random.Random) -> None:
+        self.version = version
+        now = int(time.time() * 1000)
+        wide = version == 10  # the IPFIX template's octet counter is 8 bytes
+        self.pool: list[bytes] = []
+        self.offsets: list[list[int]] = []
+        for k in range(POOL_PACKETS):
+            flows = [
+                enc.F(f"198.18.{rng.randrange(256)}.{rng.randrange(256)}", "198.19.0.1",
+                      rng.randrange(1024, 65536), 5201, 6, MARK + i,
+                      rng.randrange(1, 10**6), now - 60_000 + k, now - 1000 + k)
+                for i in range(RECORDS_PER_PACKET)
+            ]  # fmt: skip
+            if version == 5:
+                packet = enc.v5(flows, seq=0, now_ms=now, uptime_ms=3_600_000)
+            else:
+                fields = enc.V9_FIELDS if version == 9 else enc.IPFIX_FIELDS
+                sets = [enc.template_set(version, 256, fields)] if k % TEMPLATE_EVERY == 0 else []
+                sets.append(enc.data_set(256, flows, fields, now_ms=now, uptime_ms=3_600_000))
+                packet = (
+                    enc.v9(sets, seq=0, now_ms=now, uptime_ms=3_600_000)
+                    if version == 9
+                    else enc.ipfix(sets, seq=0, now_ms=now)
+                )
+            width = 8 if wide else 4
+            marks = [packet.find((MARK + i).to_bytes(width, "big"), 16) for i in range(30)]
+            if min(marks) < 0 or len(set(marks)) != RECORDS_PER_PACKET:
+                raise RuntimeError(f"v{version}: octet markers not found in the pool packet")
+            self.pool.append(packet)
+            self.offsets.append(marks)
+        self.octets = struct.Struct(">Q" if wide else ">I")
+
+    def packet(self, k: int) -> bytes:
+        """Packet ``k`` of the stream: sequence as the exporter would number it (records for
+        v5/IPFIX, packets for v9), octet counts 1 + the record's index in the stream."""
+        buf = bytearray(self.pool[k % POOL_PACKETS])
+        first = k * RECORDS_PER_PACKET
+        struct.pack_into(">I", buf, SEQ_OFFSET[self.version], k if self.version == 9 else first)
+        pack = self.octets.pack_into
+        for i, offset in enumerate(self.offsets[k % POOL_PACKETS]):
+            pack(buf, offset, first + i + 1)
+        return bytes(buf)
 
 
-def send(stream: list[bytes], rate_records: float, ports: list[int]) -> float:
-    """Send ``stream`` to every port at ``rate_records`` records/s; returns the seconds taken."""
+def send(stream: Stream, packets: int, rate_records: float, ports: list[int]) -> float:
+    """Send ``packets`` of ``stream`` to every port at ``rate_records`` records/s; returns the
+    seconds taken."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     per_s = rate_records / RECORDS_PER_PACKET
     start = time.monotonic()
     sent = 0
-    while sent < len(stream):
-        due = min(len(stream), int((time.monotonic() - start) * per_s) + 1)
+    while sent < packets:
+        due = min(packets, int((time.monotonic() - start) * per_s) + 1)
         while sent < due:
+            packet = stream.packet(sent)
             for port in ports:
-                sock.sendto(stream[sent], ("127.0.0.1", port))
+                sock.sendto(packet, ("127.0.0.1", port))
             sent += 1
         time.sleep(TICK_S)  # pacing between bursts of due packets, not a wait for a condition
     sock.close()
     return time.monotonic() - start
-
-
-def nfdump_count(directory: Path) -> int:
-    files = sorted(directory.glob("nfcapd.2*"))
-    total = 0
-    for f in files:
-        out = subprocess.run(
-            ["nfdump", "-I", "-r", str(f)], capture_output=True, text=True, timeout=60
-        ).stdout
-        for line in out.splitlines():
-            if line.startswith("Flows:"):
-                total += int(line.split(":")[1])
-    return total
 
 
 def stop(proc: subprocess.Popen[Any], timeout_s: float = 60) -> None:
@@ -146,103 +181,404 @@ def stop(proc: subprocess.Popen[Any], timeout_s: float = 60) -> None:
         proc.wait(10)
 
 
-def step(stream: list[bytes], rate: float, work: Path) -> dict[str, Any]:
-    iepm_port, nf_port = free_port(), free_port()
-    nf_dir = work / f"nf-{nf_port}"
-    nf_dir.mkdir()
-    db = f"sqlite:///{work / f'iepm-{iepm_port}.db'}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    iepm = subprocess.Popen(
-        [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen",
-         f"127.0.0.1:{iepm_port}", "--db", db, "--rcvbuf-bytes", str(RCVBUF)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
-    nfcapd = subprocess.Popen(
-        ["nfcapd", "-b", "127.0.0.1", "-p", str(nf_port), "-w", str(nf_dir), "-t", "3600",
-         "-B", str(RCVBUF)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    sent_at = time.monotonic()
+def vm_hwm_kb(pid: int | None) -> int:
+    """Peak resident memory of a running process (0 if it is gone)."""
+    if pid is None:
+        return 0
+    with suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Nfcapd:
+    def __init__(self, work: Path) -> None:
+        self.port = free_port()
+        self.dir = work / f"nf-{self.port}"
+        self.dir.mkdir()
+        self.proc = subprocess.Popen(
+            ["nfcapd", "-b", "127.0.0.1", "-p", str(self.port), "-w", str(self.dir),
+             "-t", "3600", "-B", str(RCVBUF)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(lambda: udp_queue(self.port) is not None, 120, "nfcapd listening")
+
+    def records(self) -> int:
+        """Stop nfcapd (it closes its file) and count the records in its files."""
+        stop(self.proc)
+        total = 0
+        for f in sorted(self.dir.glob("nfcapd.2*")):
+            out = subprocess.run(
+                ["nfdump", "-I", "-r", str(f)], capture_output=True, text=True, timeout=120
+            ).stdout
+            for line in out.splitlines():
+                if line.startswith("Flows:"):
+                    total += int(line.split(":")[1])
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return total
+
+
+class Iepm:
+    """``iepm flows collect`` with progress lines: records decoded and committed, over time."""
+
+    def __init__(self, db: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen",
+             f"127.0.0.1:{self.port}", "--db", db, "--rcvbuf-bytes", str(RCVBUF),
+             "--progress-s", str(PROGRESS_S)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        )  # fmt: skip
+        self.storing = threading.Event()
+        self.progress: list[tuple[float, int, int]] = []  # (monotonic, decoded, stored)
+        self.worker_pid: int | None = None
+        self.stderr_closed = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        wait_until(
+            lambda: self.storing.is_set() or self.proc.poll() is not None, 120, "iepm storing"
+        )
+        if not self.storing.is_set():
+            raise RuntimeError("iepm flows collect exited before storing")
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:  # the worker shares this stderr: EOF when both are gone
+            if line.strip() == "storing records":
+                self.storing.set()
+            elif line.startswith(PROGRESS):
+                item = json.loads(line[len(PROGRESS) :])
+                self.worker_pid = item["pid"]
+                self.progress.append((time.monotonic(), item["records"], item["stored"]))
+        self.stderr_closed.set()
+
+    def stored(self) -> int:
+        return self.progress[-1][2] if self.progress else 0
+
+    def stored_at(self, when: float) -> tuple[float, int]:
+        """The last progress line at or before ``when``: (its time, records committed)."""
+        best = (when, 0)
+        for at, _, stored in self.progress:
+            if at <= when:
+                best = (at, stored)
+        return best
+
+    def peak_rss_kb(self) -> int:
+        return vm_hwm_kb(self.proc.pid) + vm_hwm_kb(self.worker_pid)
+
+    def finish(self) -> dict[str, Any]:
+        """TERM: the receiver hands everything over, the worker writes it; its report."""
+        stop(self.proc, 900)
+        self.stderr_closed.wait(60)
+        assert self.proc.stdout is not None
+        lines = self.proc.stdout.read().strip().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+
+    def abandon(self) -> None:
+        """Kill both processes (ours, by PID): a backlog that would take minutes to write."""
+        for pid in (self.proc.pid, self.worker_pid):
+            if pid is not None:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self.stderr_closed.wait(30)
+
+
+def receive_step(version: int, stream: Stream, rate: float, seconds: float, work: Path) -> dict:
+    count = max(1, int(rate * seconds / RECORDS_PER_PACKET))
+    iepm = Iepm(f"sqlite:///{work / f'recv-{uuid.uuid4().hex[:8]}.db'}")
+    nf = Nfcapd(work)
     try:
-        # The step starts once iepm's worker has the archive open (its start-up is not rate).
-        storing(iepm, 120)
-        wait_until(lambda: udp_queue(nf_port) is not None, 120, "nfcapd listening")
-        took = send(stream, rate, [iepm_port, nf_port])
-        sent_at = time.monotonic()
-        wait_until(lambda: udp_queue(iepm_port) == 0 and udp_queue(nf_port) == 0, 60, "drained")
+        took = send(stream, count, rate, [iepm.port, nf.port])
+        wait_until(lambda: udp_queue(iepm.port) == 0 and udp_queue(nf.port) == 0, 60, "drained")
+        # VmHWM, not the report's ru_maxrss: Linux carries a parent's peak across fork+exec
+        # into ru_maxrss, and this benchmark's own process is large.
+        rss_kb = iepm.peak_rss_kb()
     finally:
-        stop(nfcapd)
-        nf_done_s = time.monotonic() - sent_at
-        stop(iepm, 600)
-        # iepm's worker may still be writing a backlog held in its spool: the step ends for
-        # iepm when every record is in the archive and the process has exited.
-        iepm_done_s = time.monotonic() - sent_at
-    report = json.loads(iepm.stdout.read().strip().splitlines()[-1]) if iepm.stdout else {}
-    sent = len(stream) * RECORDS_PER_PACKET
+        nf_records = nf.records()
+        report = iepm.finish()
+    sent = count * RECORDS_PER_PACKET
     return {
-        "rate_records_per_s": rate,
-        "achieved_records_per_s": round(sent / took),
-        "sent": sent,
-        "iepm_records": report["decode"]["records"],
-        "iepm_stored": report["stored"],
+        "version": version, "rate_records_per_s": rate,
+        "achieved_records_per_s": round(sent / took), "sent": sent,
+        "iepm_records": report["decode"]["records"], "iepm_stored": report["stored"],
         "iepm_lost_by_sequence": report["decode"]["lost"],
         "iepm_spool_dropped_datagrams": report["spool_dropped"],
         "iepm_spool_peak_mb": round(report["spool_peak_bytes"] / 2**20, 1),
-        "iepm_peak_rss_kb": report["receiver_peak_rss_kb"] + report["worker_peak_rss_kb"],
-        # Records stored per second from the first sent to the last stored: what iepm sustains.
-        "iepm_stored_per_s": round(report["stored"] / (took + iepm_done_s)),
-        "iepm_done_after_send_s": round(iepm_done_s, 2),
-        "nfcapd_done_after_send_s": round(nf_done_s, 2),
-        "nfcapd_records": nfdump_count(nf_dir),
-    }
+        "iepm_peak_rss_kb": rss_kb, "nfcapd_records": nf_records,
+    }  # fmt: skip
+
+
+def sustained_step(
+    version: int, stream: Stream, rate: float, hold_s: float, db: str | None, work: Path
+) -> dict[str, Any]:
+    """``hold_s`` of stream at ``rate`` to nfcapd and (``db`` given) to iepm storing into db."""
+    count = max(1, int(rate * hold_s / RECORDS_PER_PACKET))
+    sent = count * RECORDS_PER_PACKET
+    iepm = Iepm(db) if db is not None else None
+    nf = Nfcapd(work)
+    row: dict[str, Any] = {"version": version, "rate_records_per_s": rate, "sent": sent}
+    try:
+        begun = time.monotonic()
+        took = send(stream, count, rate, [nf.port] + ([iepm.port] if iepm else []))
+        ended = time.monotonic()
+        row["achieved_records_per_s"] = round(sent / took)
+        wait_until(lambda: udp_queue(nf.port) == 0, 60, "nfcapd drained")
+        if iepm is not None:
+            # Kept pace: everything committed within KEPT_PACE_S of the sender's end.
+            with suppress(TimeoutError):
+                wait_until(lambda: iepm.stored() >= sent, KEPT_PACE_S, "iepm caught up")
+            caught_up = time.monotonic() - ended if iepm.stored() >= sent else None
+            t0, s0 = iepm.stored_at(begun + WARMUP * took)
+            t1, s1 = iepm.stored_at(ended)
+            row |= {
+                "iepm_stored_at_send_end": s1,
+                "iepm_stored_per_s": round((s1 - s0) / (t1 - t0)) if t1 > t0 else None,
+                "iepm_decoded_at_send_end": next(
+                    (d for at, d, _ in reversed(iepm.progress) if at <= ended), 0
+                ),
+                "iepm_all_stored_after_send_s": None if caught_up is None else round(caught_up, 2),
+                "iepm_peak_rss_kb": iepm.peak_rss_kb(),
+            }
+    finally:
+        row["nfcapd_records"] = nf.records()
+        if iepm is not None:
+            if iepm.stored() >= sent:
+                report = iepm.finish()
+                row["iepm_stored"] = report.get("stored")
+                row["iepm_lost_by_sequence"] = report.get("decode", {}).get("lost")
+                row["iepm_spool_dropped_datagrams"] = report.get("spool_dropped")
+            else:
+                # Behind: writing the backlog would take (sent - stored) / stored_per_s more.
+                row["iepm_stored"] = iepm.stored()
+                iepm.abandon()
+    if iepm is not None:
+        row["iepm_kept_pace"] = (
+            row["iepm_stored"] == sent
+            and row.get("iepm_all_stored_after_send_s") is not None
+            and row["iepm_all_stored_after_send_s"] <= KEPT_PACE_S
+        )
+    return row
+
+
+def store_part(kind: str, url: str, base_url: str, rows_n: int, version: int) -> dict[str, Any]:
+    """Per-record cost of each stage of the worker, on the same records, and the driver alone."""
+    stream = Stream(version, random.Random(7))
+    packets = [stream.packet(k) for k in range(rows_n // RECORDS_PER_PACKET)]
+    decoder = Decoder()
+    t = time.process_time()
+    flows = [f for p in packets for f in decoder.decode(p, "127.0.0.1")]
+    decode_cpu = time.process_time() - t
+    t = time.process_time()
+    rows = list(store.flow_rows(flows, "udp"))
+    rows_cpu = time.process_time() - t
+    n = len(flows)
+
+    def timed(write: Callable[[list[Any]], None], items: list[Any]) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(0, len(items), WRITE_ROWS):
+            write(items[i : i + WRITE_ROWS])
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    with Archive.open(url) as archive:
+        ours_wall, ours_cpu = timed(lambda chunk: store.add_flows(archive, chunk, "udp"), flows)
+    with Archive.open(base_url):
+        pass  # the same schema, made by iepm; the writes below are the driver's alone
+    if kind == "sqlite":
+        conn = sqlite3.connect(make_url(base_url).database or "", isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        insert = f"INSERT INTO flows ({store._ID_SQL}) VALUES ({', '.join(['?'] * 15)})"
+
+        def bare(chunk: list[Any]) -> None:
+            conn.execute("BEGIN")
+            conn.executemany(insert, chunk)
+            conn.execute("COMMIT")
+
+        base_wall, base_cpu = timed(bare, rows)
+        conn.close()
+        baseline = "sqlite3 executemany INSERT, WAL, synchronous=FULL, default cache"
+    else:
+        pg = psycopg.connect(
+            make_url(base_url).set(drivername="postgresql").render_as_string(False)
+        )
+
+        def bare(chunk: list[Any]) -> None:
+            with (
+                pg.cursor() as cur,
+                cur.copy(f"COPY flows ({store._ID_SQL}) FROM STDIN (FORMAT BINARY)") as copy,
+            ):
+                copy.set_types(store._PG_TYPES)
+                for r in chunk:
+                    copy.write_row(r)
+            pg.commit()
+
+        base_wall, base_cpu = timed(bare, rows)
+        pg.close()
+        baseline = "psycopg binary COPY straight into flows, no conflict check"
+    return {
+        "db": kind, "version": version, "records": n,
+        "decode_cpu_us_per_record": round(decode_cpu / n * 1e6, 2),
+        "ids_and_rows_cpu_us_per_record": round(rows_cpu / n * 1e6, 2),
+        "figure": {"add_flows_records_per_s": round(n / ours_wall),
+                   "add_flows_cpu_us_per_record": round(ours_cpu / n * 1e6, 2)},
+        "baseline": {"what": baseline, "records_per_s": round(n / base_wall),
+                     "cpu_us_per_record": round(base_cpu / n * 1e6, 2)},
+        "ratio": round(base_wall / ours_wall, 3),
+        # Decoding then storing on one core of this process alone (PostgreSQL's own work is
+        # in its server processes, not counted here).
+        "worker_cpu_bound_records_per_s": round(n / (decode_cpu + ours_cpu) if ours_cpu else 0),
+    }  # fmt: skip
+
+
+@contextmanager
+def databases(dbs: list[str], pg_url: str | None, work: Path) -> Iterator[Callable[[str], str]]:
+    """A function giving a new, empty database URL of a kind, each dropped afterwards."""
+    with ExitStack() as stack:
+        admin: psycopg.Connection[Any] | None = None
+        server_url = pg_url
+        if "postgresql" in dbs:
+            if server_url is None:
+                bindir = find_bindir()
+                if bindir is None:
+                    raise SystemExit("no PostgreSQL server binaries: give --pg-url or --dbs sqlite")
+                # A durable server (fsync on): the figures are what a real archive would see.
+                server_url = stack.enter_context(running_server(bindir, settings={})).url()
+            admin = psycopg.connect(
+                make_url(server_url).set(drivername="postgresql").render_as_string(False),
+                autocommit=True,
+            )
+            stack.callback(admin.close)
+
+        def new(kind: str) -> str:
+            name = f"iepm_bench_{uuid.uuid4().hex[:8]}"
+            if kind == "sqlite":
+                return f"sqlite:///{work / (name + '.db')}"
+            assert admin is not None and server_url is not None
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            stack.callback(
+                admin.execute,
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+            )
+            return make_url(server_url).set(database=name).render_as_string(False)
+
+        yield new
+
+
+def best(rates: list[float]) -> float:
+    return max(rates) if rates else 0.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="per step")
-    parser.add_argument("--rates", default="5000,10000,20000,40000,80000,160000,320000")
+    parser.add_argument("--parts", default="receive,sustained,store")
     parser.add_argument("--versions", default="5,9,10")
+    parser.add_argument("--seconds", type=float, default=2.0, help="per receive step")
+    parser.add_argument("--rates", default="10000,40000,160000,320000,640000")
+    parser.add_argument("--hold", type=float, default=60.0, help="seconds per sustained step")
+    parser.add_argument("--sustained-rates", default="10000,20000,40000,80000,160000,320000")
+    parser.add_argument("--dbs", default="sqlite,postgresql")
+    parser.add_argument("--store-rows", type=int, default=300_000)
+    parser.add_argument("--pg-url", help="PostgreSQL server to create scratch databases on")
     parser.add_argument("--seed", type=int, default=14)
     args = parser.parse_args()
     if shutil.which("nfcapd") is None or shutil.which("nfdump") is None:
         print(json.dumps({"benchmark": "flows", "skipped": "nfcapd/nfdump not installed"}))
         return
+    parts = args.parts.split(",")
+    versions = [int(v) for v in args.versions.split(",")]
+    dbs = args.dbs.split(",")
     rng = random.Random(args.seed)
-    rates = [float(r) for r in args.rates.split(",")]
-    report: dict[str, Any] = {"benchmark": "flows", "seconds_per_step": args.seconds}
+    report: dict[str, Any] = {"benchmark": "flows", "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="iepm-bench-flows-") as tmp:
         work = Path(tmp)
-        for version in (int(v) for v in args.versions.split(",")):
-            steps = []
-            for rate in rates:
-                count = max(1, int(rate * args.seconds / RECORDS_PER_PACKET))
-                row = step(packets(version, count, rng), rate, work)
-                steps.append(row)
-                sys.stderr.write(json.dumps({"version": version, **row}) + "\n")
-                if row["iepm_records"] < row["sent"] and row["nfcapd_records"] < row["sent"]:
-                    break  # both lose: higher rates tell nothing more
-            ours = [s["rate_records_per_s"] for s in steps if s["iepm_stored"] == s["sent"]]
-            theirs = [s["rate_records_per_s"] for s in steps if s["nfcapd_records"] == s["sent"]]
-            # Kept pace: every record stored and the archive no more than KEPT_PACE_S behind
-            # the sender at the end (not a burst absorbed by the spool and written later).
-            paced = [
-                s["rate_records_per_s"]
-                for s in steps
-                if s["iepm_stored"] == s["sent"] and s["iepm_done_after_send_s"] <= KEPT_PACE_S
-            ]
-            figure, baseline = (max(ours) if ours else 0.0), (max(theirs) if theirs else 0.0)
-            sustained = max(paced) if paced else 0.0
-            report[f"v{version}"] = {
-                "figure": {"loss_free_records_per_s": figure},
-                "baseline": {"nfcapd_loss_free_records_per_s": baseline},
-                "ratio": round(figure / baseline, 3) if baseline else None,
-                "baseline_is_lower_bound": bool(theirs) and theirs[-1] == rates[-1],
-                "kept_pace_records_per_s": sustained,
-                "kept_pace_ratio": round(sustained / baseline, 3) if baseline else None,
-                "iepm_best_stored_per_s": max(s["iepm_stored_per_s"] for s in steps),
-                "iepm_peak_rss_kb": max(s["iepm_peak_rss_kb"] for s in steps),
-                "steps": steps,
-            }
+        with databases(dbs, args.pg_url, work) as new_db:
+            if "store" in parts:
+                report["store"] = [
+                    store_part(kind, new_db(kind), new_db(kind), args.store_rows, 10)
+                    for kind in dbs
+                ]
+                sys.stderr.write(json.dumps(report["store"]) + "\n")
+            streams = {v: Stream(v, rng) for v in versions}
+            if "receive" in parts:
+                out = report["receive"] = {"seconds_per_step": args.seconds}
+                rates = [float(r) for r in args.rates.split(",")]
+                for version in versions:
+                    steps = []
+                    for rate in rates:
+                        row = receive_step(version, streams[version], rate, args.seconds, work)
+                        steps.append(row)
+                        sys.stderr.write(json.dumps(row) + "\n")
+                        if (
+                            row["iepm_records"] < row["sent"]
+                            and row["nfcapd_records"] < row["sent"]
+                        ):
+                            break  # both lose: higher rates tell nothing more
+                    ours = best(
+                        [s["rate_records_per_s"] for s in steps if s["iepm_records"] == s["sent"]]
+                    )
+                    theirs = best(
+                        [s["rate_records_per_s"] for s in steps if s["nfcapd_records"] == s["sent"]]
+                    )
+                    out[f"v{version}"] = {
+                        "figure": {"iepm_loss_free_receive_records_per_s": ours},
+                        "baseline": {"nfcapd_loss_free_records_per_s": theirs},
+                        "ratio": round(ours / theirs, 3) if theirs else None,
+                        "baseline_is_lower_bound": theirs == rates[-1],
+                        "iepm_peak_rss_kb": max(s["iepm_peak_rss_kb"] for s in steps),
+                        "steps": steps,
+                    }  # fmt: skip
+            if "sustained" in parts:
+                out = report["sustained"] = {"hold_s": args.hold, "kept_pace_s": KEPT_PACE_S}
+                rates = [float(r) for r in args.sustained_rates.split(",")]
+                for version in versions:
+                    steps, behind = [], set()
+                    nf_ok = True
+                    for rate in rates:
+                        ran = False
+                        for kind in dbs:
+                            if kind in behind:
+                                continue
+                            row = sustained_step(
+                                version, streams[version], rate, args.hold, new_db(kind), work
+                            ) | {"db": kind}
+                            steps.append(row)
+                            sys.stderr.write(json.dumps(row) + "\n")
+                            ran = True
+                            if not row["iepm_kept_pace"]:
+                                behind.add(kind)
+                            nf_ok = nf_ok and row["nfcapd_records"] == row["sent"]
+                        if not ran and nf_ok:
+                            row = sustained_step(
+                                version, streams[version], rate, args.hold, None, work
+                            ) | {"db": None}
+                            steps.append(row)
+                            sys.stderr.write(json.dumps(row) + "\n")
+                            nf_ok = row["nfcapd_records"] == row["sent"]
+                        elif not ran:
+                            break
+                    theirs = best(
+                        [s["rate_records_per_s"] for s in steps if s["nfcapd_records"] == s["sent"]]
+                    )
+                    entry: dict[str, Any] = {
+                        "baseline": {"nfcapd_sustained_loss_free_records_per_s": theirs},
+                        "baseline_is_lower_bound": theirs == rates[-1],
+                    }  # fmt: skip
+                    for kind in dbs:
+                        mine = [s for s in steps if s["db"] == kind]
+                        ours = best([s["rate_records_per_s"] for s in mine if s["iepm_kept_pace"]])
+                        stored = max((s["iepm_stored_per_s"] or 0 for s in mine), default=0)
+                        entry[kind] = {
+                            "figure": {"iepm_sustained_loss_free_records_per_s": ours,
+                                       "iepm_best_stored_per_s": stored},
+                            "ratio": round(ours / theirs, 3) if theirs else None,
+                            "stored_ratio": round(stored / theirs, 3) if theirs else None,
+                            "iepm_peak_rss_kb": max([0] + [s["iepm_peak_rss_kb"] for s in mine]),
+                        }  # fmt: skip
+                    entry["steps"] = steps
+                    out[f"v{version}"] = entry
+    report["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=2))
 
 

@@ -108,6 +108,14 @@ def collect_command(
         int,
         typer.Option(min=1, max=1 << 16, help="Datagrams held while the archive is behind."),
     ] = 512,
+    progress_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0.1,
+            max=3600,
+            help="Print the records decoded and stored so far to stderr this often.",
+        ),
+    ] = None,
 ) -> None:
     """Receive NetFlow v5/v9 and IPFIX on ADDR:PORT and store the records; on TERM or Ctrl-C,
     store what is pending and print the counts (records, loss, bad packets) as JSON."""
@@ -119,7 +127,7 @@ def collect_command(
     collector = Collector(
         url, host, port, batch_records=batch, flush_s=flush_s,
         write_deadline_s=write_deadline_s, rcvbuf_bytes=rcvbuf_bytes,
-        spool_bytes=spool_mb << 20,
+        spool_bytes=spool_mb << 20, progress_s=progress_s,
     )  # fmt: skip
     bound = collector.address
     sys.stderr.write(f"listening on {bound[0]}:{bound[1]}\n")

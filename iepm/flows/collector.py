@@ -60,7 +60,10 @@ SPOOL_BYTES = 512 << 20
 # One datagram inside a frame: exporter address length, datagram length.
 ITEM = struct.Struct("!BH")
 READY = "ready"  # the worker's first line: archive open, records will be stored
+PROGRESS = "flows progress"  # the worker's stderr lines with ``progress_s`` set
 FRAME = struct.Struct("!I")
+# The writer joins queued batches into one transaction of at most about this many records.
+WRITE_RECORDS = 50_000
 
 
 @dataclass
@@ -117,7 +120,7 @@ class Pipeline:
         self.decoder = Decoder()
         self.report = CollectorReport(self.decoder.stats)
         self._queue: queue.Queue[list[Flow] | None] = queue.Queue(maxsize=queue_batches)
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # guards report (the writer thread updates it)
         self._batch: list[Flow] = []
         self._flushed = time.monotonic()
         self._writer = threading.Thread(target=self._write_loop, name="iepm-flows-writer")
@@ -149,7 +152,7 @@ class Pipeline:
 
     def _hand_over(self, batch: list[Flow]) -> None:
         if not self._queue_put(batch):
-            with self._lock:
+            with self.lock:
                 self.report.dropped += len(batch)
             self.error(f"archive took no batch for {self.write_deadline_s:g} s: batch dropped")
 
@@ -161,26 +164,41 @@ class Pipeline:
         return True
 
     def _write_loop(self) -> None:
-        while (batch := self._queue.get()) is not None:
+        done = False
+        while not done:
+            batch = self._queue.get()
+            if batch is None:
+                break
+            # Batches that queued up while the last write ran go in the same transaction (up
+            # to WRITE_RECORDS): a backlog is written with fewer commits, each an fsync.
+            while len(batch) < WRITE_RECORDS:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    done = True
+                    break
+                batch.extend(more)
             if self.archive is None:  # decode-only: count as stored
                 stored = len(batch)
             else:
                 try:
                     stored = add_flows(self.archive, batch, self.source)
                 except IepmError as exc:
-                    with self._lock:
+                    with self.lock:
                         self.report.store_errors += 1
                         self.report.dropped += len(batch)
                     self.error(str(exc))
                     continue
-            with self._lock:
+            with self.lock:
                 self.report.batches += 1
                 self.report.stored += stored
                 self.report.duplicates += len(batch) - stored
 
     def error(self, message: str) -> None:
         log.error("flows collector: %s", message)
-        with self._lock:
+        with self.lock:
             self.report.errors.append(message)
 
 
@@ -213,6 +231,7 @@ class Collector:
         source: str = "udp",
         rcvbuf_bytes: int = RCVBUF_BYTES,
         spool_bytes: int = SPOOL_BYTES,
+        progress_s: float | None = None,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -228,7 +247,7 @@ class Collector:
         self.sock.settimeout(POLL_S)
         self.settings = {
             "db": archive_url, "batch_records": batch_records, "flush_s": flush_s,
-            "write_deadline_s": write_deadline_s, "source": source,
+            "write_deadline_s": write_deadline_s, "source": source, "progress_s": progress_s,
         }  # fmt: skip
         self.write_deadline_s = write_deadline_s
         self.spool_bytes = spool_bytes

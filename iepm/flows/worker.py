@@ -13,10 +13,11 @@ import os
 import select
 import signal
 import sys
+import time
 from typing import Any
 
 from iepm.errors import IepmError
-from iepm.flows.collector import FRAME, READY, Pipeline, peak_rss_kb, unpack_frame
+from iepm.flows.collector import FRAME, PROGRESS, READY, Pipeline, peak_rss_kb, unpack_frame
 from iepm.store import Archive
 
 
@@ -37,6 +38,15 @@ def _frame(fd: int) -> bytes | None:
     return None if header is None else _read_exactly(fd, FRAME.unpack(header)[0])
 
 
+def _progress(pipeline: Pipeline) -> None:
+    """One stderr line: records decoded so far, and those committed to the archive."""
+    with pipeline.lock:
+        stored = pipeline.report.stored
+    line = {"pid": os.getpid(), "records": pipeline.decoder.stats.records, "stored": stored}
+    sys.stderr.write(f"{PROGRESS} {json.dumps(line)}\n")
+    sys.stderr.flush()
+
+
 def main() -> int:
     # The receiver decides when to stop (it closes our stdin); a terminal's Ctrl-C is its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -46,6 +56,7 @@ def main() -> int:
         return 1
     settings: dict[str, Any] = json.loads(head)
     url = settings.pop("db")
+    progress_s = settings.pop("progress_s", None)
     try:
         archive = Archive.open(url) if url else None
     except IepmError as exc:
@@ -56,10 +67,15 @@ def main() -> int:
     sys.stdout.write(READY + "\n")  # the receiver says so: from here records are stored
     sys.stdout.flush()
     feed, tick = pipeline.feed, pipeline.tick
+    progress_at = time.monotonic()
     try:
         while True:
+            if progress_s is not None and time.monotonic() >= progress_at:
+                progress_at = time.monotonic() + progress_s
+                _progress(pipeline)
             # Waiting no longer than flush_s keeps writes going at low rates.
-            if not select.select([fd], [], [], pipeline.flush_s)[0]:
+            wait_s = pipeline.flush_s if progress_s is None else min(pipeline.flush_s, progress_s)
+            if not select.select([fd], [], [], wait_s)[0]:
                 tick()
                 continue
             frame = _frame(fd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -12,11 +13,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from iepm.errors import StoreError
-from iepm.flows.collector import Collector, CollectorReport, Pipeline
+from iepm.flows.collector import PROGRESS, Collector, CollectorReport, Pipeline
 from iepm.flows.store import add_flows, read_flows
 from iepm.store import Archive
 from tests.flows import encoder as enc
@@ -208,11 +210,26 @@ def test_a_dead_worker_is_reported_and_what_it_missed_counted(archive_url: str) 
     assert any("worker" in e for e in report.errors), report.errors
 
 
+def progress_lines(stream: IO[str], until: Callable[[dict[str, int]], bool]) -> dict[str, int]:
+    """Read ``flows progress`` lines until one satisfies ``until`` (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not select.select([stream], [], [], 0.5)[0]:
+            continue
+        line = stream.readline()
+        assert line, "stderr closed"
+        if line.startswith(PROGRESS):
+            item: dict[str, int] = json.loads(line[len(PROGRESS) :])
+            if until(item):
+                return item
+    raise AssertionError("no such progress line within 60 s")
+
+
 def test_cli_collect_stores_and_reports_on_term(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen", "127.0.0.1:0",
-         "--db", url, "--flush-s", "0.05"],
+         "--db", url, "--flush-s", "0.05", "--progress-s", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
@@ -225,7 +242,12 @@ def test_cli_collect_stores_and_reports_on_term(tmp_path: Path) -> None:
         out.sendto(enc.v5(sample(7), seq=0, now_ms=NOW, uptime_ms=UPTIME), ("127.0.0.1", port))
         out.close()
         with Archive.open(url) as archive:
-            wait_until(lambda: len(list(read_flows(archive))) == 7)
+            # The worker starts (imports, opens the archive) after the datagram came: a loaded
+            # host takes its time.
+            wait_until(lambda: len(list(read_flows(archive))) == 7, 120)
+        # Progress lines count records once they are committed.
+        item = progress_lines(proc.stderr, lambda item: item["stored"] == 7)
+        assert item["records"] == 7 and item["pid"] != proc.pid
         proc.send_signal(signal.SIGTERM)
         stdout, _ = proc.communicate(timeout=30)
     finally:
