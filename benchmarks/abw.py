@@ -28,10 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -116,6 +118,151 @@ def lab_with_agent(rate_mbit: float, share: float, index: int) -> Iterator[tuple
             yield lab, ctx
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def ns_run(ns: str, *argv: str) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, timeout=10)
+
+
+@contextlib.contextmanager
+def kernel_path(rate_mbit: float, share: float, index: int) -> Iterator[dict[str, Any]]:
+    """The same path with the kernel as the bottleneck instead of the user-space delay line:
+    two namespaces, a veth pair, ``tc tbf`` at C on the monitor's side (bucket of one packet,
+    so a burst leaves at C), iperf3 UDP cross traffic at ``share`` of C (as the lab's
+    generator), a receiver and an ``iperf3 -s`` in the target. Truth: tbf's byte counter."""
+    tag = f"abwk{os.getpid() % 100000}x{index}"
+    mon, tg = f"{tag}m", f"{tag}t"
+    addr_m, addr_t = f"198.19.{200 + index % 50}.1", f"198.19.{200 + index % 50}.2"
+    procs: list[subprocess.Popen[bytes]] = []
+    logdir = Path(tempfile.mkdtemp(prefix="iepm-abwk-", dir="/var/tmp"))
+    try:
+        for ns in (mon, tg):
+            subprocess.run(["ip", "netns", "add", ns], check=True, timeout=10)
+        subprocess.run(
+            ["ip", "link", "add", "v0", "netns", mon, "type", "veth", "peer", "v1", "netns", tg],
+            check=True,
+            timeout=10,
+        )
+        for ns, dev, addr in ((mon, "v0", addr_m), (tg, "v1", addr_t)):
+            ns_run(ns, "ip", "addr", "add", f"{addr}/30", "dev", dev)
+            ns_run(ns, "ip", "link", "set", dev, "up")
+            ns_run(ns, "ip", "link", "set", "lo", "up")
+        ns_run(mon, "tc", "qdisc", "add", "dev", "v0", "root", "tbf", "rate",
+               f"{rate_mbit}mbit", "burst", "1600", "latency", "50ms")  # fmt: skip
+
+        def start(ns: str, argv: list[str], name: str) -> subprocess.Popen[bytes]:
+            log = (logdir / name).open("wb")
+            proc = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=log, stderr=log)
+            procs.append(proc)
+            return proc
+
+        start(tg, ["iperf3", "-s", "-B", addr_t, "-p", "5201"], "iperf3-s")
+        start(tg, ["iperf3", "-s", "-B", addr_t, "-p", "5202"], "iperf3-cross-s")
+        start(tg, [sys.executable, abw.TOOL_PATH, "receive", "--port", str(RECEIVER_PORT),
+                   "--duration-s", "600", "--max-bytes", "100000000"], "rx")  # fmt: skip
+        deadline = time.monotonic() + 10
+        while tool.READY not in (logdir / "rx").read_bytes():
+            if time.monotonic() > deadline:
+                raise RuntimeError("kernel path: receiver did not start")
+            time.sleep(0.05)
+        if share:
+            time.sleep(0.5)  # the cross-traffic server listens
+            start(mon, ["iperf3", "-c", addr_t, "-p", "5202", "-u", "-t", "600", "-l", "1448",
+                        "-b", f"{rate_mbit * share * 1e6:.0f}"], "cross")  # fmt: skip
+        yield {"mon": mon, "tg": tg, "address": addr_t}
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        for ns in (mon, tg):
+            subprocess.run(["ip", "netns", "del", ns], check=False, timeout=10)
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+def tbf_bytes(ns: str) -> int:
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", "v0"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    words = out.split()
+    # IP bytes: tbf counts Ethernet frames (14 bytes of header each).
+    return int(words[words.index("Sent") + 1]) - 14 * int(words[words.index("Sent") + 3])
+
+
+def bench_kernel_path(rate_mbit: float, share: float, index: int, args: argparse.Namespace) -> dict:
+    with kernel_path(rate_mbit, share, index) as path:
+        ctx = ProbeContext("tg", path["address"], netns=path["mon"])
+        if share:
+            time.sleep(2.0)
+        b0, t0 = tbf_bytes(path["mon"]), time.monotonic()
+        runs = [
+            asyncio.run(abw.run(abw.Spec(port=RECEIVER_PORT), ctx)) for _ in range(args.estimates)
+        ]
+        b1, t1 = tbf_bytes(path["mon"]), time.monotonic()
+        ours = sum(r.data.get("probe_bytes", 0) for r in runs)
+        cross_bps = max(0.0, (b1 - b0 - ours) * 8 / (t1 - t0))
+    truth = rate_mbit * 1e6 - cross_bps
+    ok = [r for r in runs if r.succeeded]
+    errors = [abs(r.data["available_bps"] - truth) / truth for r in ok]
+    return {
+        "capacity_mbit": rate_mbit,
+        "cross_configured_mbit": rate_mbit * share,
+        "cross_measured_mbit": round(cross_bps / 1e6, 2),
+        "available_truth_mbit": round(truth / 1e6, 2),
+        "abw": {
+            "estimates_mbit": [round(r.data["available_bps"] / 1e6, 2) for r in ok],
+            "capacity_mbit": [round(r.data["capacity_bps"] / 1e6, 2) for r in ok],
+            "quality": [r.data["quality"] for r in ok],
+            "failed": [r.error for r in runs if not r.succeeded],
+            **(error_summary(errors) if errors else {}),
+        },
+    }
+
+
+def sender_spacing(packets: int = 16, size: int = 1500, runs: int = 50) -> dict[str, Any]:
+    """The capacity train's spacing on loopback as the receiver's kernel stamps it: a Python
+    ``send`` loop against one ``sendmmsg`` call (the tool's). µs between packets, and the rate
+    the spacing alone would allow (the most a back-to-back train can measure)."""
+    out: dict[str, Any] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx:
+        rx.bind(("127.0.0.1", 0))
+        rx.setsockopt(socket.SOL_SOCKET, tool.SO_TIMESTAMPNS, 1)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
+        rx.settimeout(2.0)
+        for mode in ("send_loop", "sendmmsg"):
+            gaps: list[float] = []
+            spans: list[float] = []
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+                tx.connect(rx.getsockname())
+                datagrams = [bytes(size - tool.IP_UDP_HEADER_BYTES)] * packets
+                for _ in range(runs):
+                    if mode == "sendmmsg":
+                        tool.send_burst(tx, datagrams)
+                    else:
+                        for d in datagrams:
+                            tx.send(d)
+                    stamps = []
+                    for _ in range(packets):
+                        _, anc, _, _ = rx.recvmsg(65535, socket.CMSG_SPACE(16))
+                        stamps.append(tool.kernel_stamp_ns(anc) or 0)
+                    gaps += [(b - a) / 1000 for a, b in itertools.pairwise(stamps)]
+                    spans.append((stamps[-1] - stamps[0]) / 1000)
+            out[mode] = {
+                "gap_us_p50": round(pct(gaps, 0.5), 2),
+                "gap_us_p90": round(pct(gaps, 0.9), 2),
+                "gap_us_max": round(max(gaps), 1),
+                "train_rate_mbit_p50": round(size * 8 * (packets - 1) / pct(spans, 0.5), 0),
+                "train_rate_mbit_p10": round(size * 8 * (packets - 1) / pct(spans, 0.9), 0),
+            }
+    return out
 
 
 def receiver(lab: Lab, node: str, log: Path) -> subprocess.Popen[bytes]:

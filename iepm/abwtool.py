@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import math
 import os
@@ -79,7 +81,7 @@ class _Session:
     stamps: list[tuple[int, int, int]] = field(default_factory=list)  # (train, seq, ns)
 
 
-def _kernel_stamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+def kernel_stamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= TIMESPEC.size:
             sec, nsec = TIMESPEC.unpack_from(data)
@@ -121,7 +123,7 @@ def receive(
             if not select.select([sock], [], [], left)[0]:
                 continue
             data, ancdata, _, peer = sock.recvmsg(65535, socket.CMSG_SPACE(TIMESPEC.size))
-            stamp = _kernel_stamp_ns(ancdata)
+            stamp = kernel_stamp_ns(ancdata)
             if stamp is None:  # not seen on Linux; counted so that the log says so
                 stamp = time.time_ns()
                 user_stamps += 1
@@ -209,6 +211,11 @@ def capacity_bps(train: Train) -> float | None:
         spacings = [g_out / 2 for g_in, g_out in pairs if 0 < slack * g_in < g_out]
         if len(spacings) >= 3:
             return train.bits() / (statistics.median(spacings) * 1e-9)
+    # Nothing queued: the path is faster than the sender could fill it (loopback, a fast LAN),
+    # and the receive spacing says only what the sender's burst reached: a floor of C.
+    arrived = sorted(ns for _, ns in train.received)
+    if len(arrived) >= 3 and arrived[-1] > arrived[0]:
+        return train.bits() * (len(arrived) - 1) / ((arrived[-1] - arrived[0]) * 1e-9)
     return None
 
 
@@ -227,31 +234,41 @@ def cross_bps(train: Train, capacity: float, stall: float = STALL) -> float | No
     return max(0.0, (capacity * sum_out_s - len(kept) * train.bits()) / sum_in_s)
 
 
-def one_way_delays_ns(train: Train, after_ns: int | None = None) -> list[int]:
+def one_way_delays_ns(
+    train: Train, after_ns: int | None = None, before_ns: int | None = None
+) -> list[int]:
     """Receive minus send time of each packet that arrived (an unknown clock offset included),
-    of those sent after ``after_ns`` (sender's clock) if given."""
+    of those sent after ``after_ns`` and before ``before_ns`` (sender's clock) if given."""
     return [
         ns - train.sent_ns[seq]
         for seq, ns in train.received
-        if 0 <= seq < len(train.sent_ns) and (after_ns is None or train.sent_ns[seq] > after_ns)
+        if 0 <= seq < len(train.sent_ns)
+        and (after_ns is None or train.sent_ns[seq] > after_ns)
+        and (before_ns is None or train.sent_ns[seq] < before_ns)
     ]
 
 
-def drained_ns(train: Train, capacity: float) -> int:
-    """When (sender's clock) the back-to-back train has surely left the bottleneck: probes sent
-    before would wait behind it and count its own load as the path's (twice its time)."""
-    return train.sent_ns[0] + int(2 * len(train.sent_ns) * train.bits() / capacity * 1e9)
+def drained_ns(train: Train, capacity: float, utilisation: float = 0.0) -> int:
+    """When (sender's clock) a back-to-back train sent before the probes has surely left the
+    bottleneck: probes sent before would wait behind it and count its own load as the path's.
+    Twice its time at C, stretched by 1/(1 − u): cross traffic keeps arriving while it drains."""
+    stretch = 1.0 / max(0.1, 1.0 - utilisation)
+    return train.sent_ns[0] + int(2 * stretch * len(train.sent_ns) * train.bits() / capacity * 1e9)
 
 
 def busy_fraction(
-    train: Train, capacity: float, noise_floor_ns: float = NOISE_FLOOR_NS, after_ns: int = 0
+    train: Train,
+    capacity: float,
+    noise_floor_ns: float = NOISE_FLOOR_NS,
+    after_ns: int = 0,
+    before_ns: int | None = None,
 ) -> tuple[float, int] | None:
     """Share of the probes that found the bottleneck busy, and how many probes count. A probe
     waited when its one-way delay exceeds the path's least (an empty queue) by more than
     :data:`BUSY_PACKET_SHARE` of a full-size packet's time at the bottleneck and the timing
     noise floor :data:`NOISE_FLOOR_NS`. Sent at Poisson moments, the probes see the link's
     time average (PASTA): the busy share is its utilisation."""
-    delays = one_way_delays_ns(train, after_ns)
+    delays = one_way_delays_ns(train, after_ns, before_ns)
     if len(delays) < MIN_PROBES:
         return None
     floor = min(delays)
@@ -279,19 +296,26 @@ class Estimate:
 
 def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) -> Estimate:
     """Available bandwidth from a run: the capacity C from the back-to-back train (train 0),
-    the utilisation u from the delays of the probes (train 1) sent once that train had left
-    the bottleneck, A = C·(1 − u)."""
+    the utilisation u from the delays of the probes (train 1) sent before that train (or, in
+    runs that sent it first, once it had left the bottleneck), A = C·(1 − u)."""
     if not trains:
         return Estimate(None, None, 0.0, 0, "no train was sent")
     capacity = capacity_bps(trains[0])
     if capacity is None:
         got = len(trains[0].received)
         return Estimate(None, None, 0.0, 0, f"the capacity train came back with {got} packets")
-    busy = (
-        busy_fraction(trains[1], capacity, noise_floor_ns, drained_ns(trains[0], capacity))
-        if len(trains) > 1
-        else None
-    )
+    busy = None
+    if len(trains) > 1 and trains[0].sent_ns:
+        # Probes sent before the capacity train (the tool's order)…
+        busy = busy_fraction(trains[1], capacity, noise_floor_ns, before_ns=trains[0].sent_ns[0])
+        if busy is None:
+            # …or, in runs that sent the train first, those sent once it had drained.
+            first = busy_fraction(
+                trains[1], capacity, noise_floor_ns, drained_ns(trains[0], capacity)
+            )
+            if first is not None:
+                drained = drained_ns(trains[0], capacity, first[0])
+                busy = busy_fraction(trains[1], capacity, noise_floor_ns, drained) or first
     if busy is None:
         return Estimate(None, capacity, 0.0, 0, f"fewer than {MIN_PROBES} probes came back")
     share, count = busy
@@ -346,22 +370,96 @@ def _pace_until(t_ns: int) -> None:
         pass
 
 
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_void_p),
+        ("namelen", ctypes.c_uint32),
+        ("iov", ctypes.POINTER(_IoVec)),
+        ("iovlen", ctypes.c_size_t),
+        ("control", ctypes.c_void_p),
+        ("controllen", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+    ]
+
+
+class _MMsgHdr(ctypes.Structure):
+    _fields_ = [("hdr", _MsgHdr), ("len", ctypes.c_uint)]
+
+
+def _libc_sendmmsg() -> Any:
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sendmmsg
+        fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+_SENDMMSG = _libc_sendmmsg()
+
+
+def send_burst(sock: socket.socket, datagrams: Sequence[bytes]) -> tuple[int, int, int]:
+    """Send ``datagrams`` on a connected socket back to back: one ``sendmmsg`` call (libc, via
+    ctypes), so the sender cannot be descheduled between packets; a ``send`` loop where libc has
+    none. (first ns, last ns, datagrams sent): the clock before the call and after it."""
+    count = len(datagrams)
+    if _SENDMMSG is None:
+        t0 = time.perf_counter_ns()
+        for d in datagrams:
+            sock.send(d)
+        return t0, time.perf_counter_ns(), count
+    bufs = [ctypes.create_string_buffer(d, len(d)) for d in datagrams]
+    iovs = (_IoVec * count)(
+        *[_IoVec(ctypes.addressof(b), len(d)) for b, d in zip(bufs, datagrams, strict=True)]
+    )
+    msgs = (_MMsgHdr * count)()
+    for i in range(count):
+        msgs[i].hdr.iov = ctypes.pointer(iovs[i])
+        msgs[i].hdr.iovlen = 1
+    done = 0
+    t0 = time.perf_counter_ns()
+    while done < count:
+        n = _SENDMMSG(
+            sock.fileno(), ctypes.addressof(msgs) + done * ctypes.sizeof(_MMsgHdr), count - done, 0
+        )
+        if n < 0:
+            err = ctypes.get_errno()
+            if err == 4:  # EINTR
+                continue
+            raise OSError(err, os.strerror(err))
+        done += n
+    return t0, time.perf_counter_ns(), done
+
+
 def _send_train(
     sock: socket.socket, sid: int, index: int, count: int, size: int, rate_bps: float | None
 ) -> list[int]:
     pad = b"\0" * (size - IP_UDP_HEADER_BYTES - PROBE.size)
-    gap_ns = 0 if not rate_bps else int(size * 8 / rate_bps * 1e9)
+    if not rate_bps:
+        # Back to back: one system call for the train. Each packet's send time is placed
+        # evenly between the clock before and after the call (the kernel sends them in order
+        # within it); only the spacing matters, and the bottleneck's is far wider.
+        t0, t1, sent_count = send_burst(
+            sock, [PROBE.pack(MAGIC_PROBE, sid, index, seq, count) + pad for seq in range(count)]
+        )
+        step = (t1 - t0) / max(1, sent_count)
+        return [t0 + int(step * (i + 1)) for i in range(sent_count)]
+    gap_ns = int(size * 8 / rate_bps * 1e9)
     sent: list[int] = []
     due = time.perf_counter_ns()
     for seq in range(count):
-        if gap_ns:
-            now = time.perf_counter_ns()
-            if now > due + gap_ns:
-                # Descheduled for more than a gap: go on from now rather than catch up with a
-                # burst faster than the rate asked (the stall shows in the send times).
-                due = now
-            _pace_until(due)
-            due += gap_ns
+        now = time.perf_counter_ns()
+        if now > due + gap_ns:
+            # Descheduled for more than a gap: go on from now rather than catch up with a
+            # burst faster than the rate asked (the stall shows in the send times).
+            due = now
+        _pace_until(due)
+        due += gap_ns
         # Stamped as the send starts: the kernel queues the packet within the call.
         sent.append(time.perf_counter_ns())
         sock.send(PROBE.pack(MAGIC_PROBE, sid, index, seq, count) + pad)
@@ -428,23 +526,11 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 21)
             sock.connect((host, port))
-            sent = _send_train(sock, sid, 0, plan.capacity_packets, plan.size_bytes, None)
-            trains.append(Train(plan.size_bytes, None, sent, []))
-            if plan.trains:
-                # Spruce needs the capacity before its trains: one round trip more.
-                got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
-                trains[0].received = [(s, t) for i, s, t in got if i == 0]
-                capacity = capacity_bps(trains[0])
-                for index in range(2, 2 + plan.trains if capacity else 0):
-                    if time.monotonic() - started > deadline_s:
-                        break
-                    _sleep_exp(rng, plan.trains, plan.spread_s)
-                    sent = _send_train(
-                        sock, sid, index, plan.train_packets, plan.size_bytes, capacity
-                    )
-                    trains.append(Train(plan.size_bytes, capacity, sent, []))
+            # The probes first, the capacity train after them: a train sent first would leave
+            # a queue behind it for a time that grows with the cross traffic (T/(1 − u)).
             probes = Train(plan.probe_size_bytes, None, [], [])
-            trains.insert(1, probes)
+            capacity_train = Train(plan.size_bytes, None, [], [])
+            trains += [capacity_train, probes]
             pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
             # Poisson moments on one clock: a late wake-up delays one probe, not all after it.
             due = time.monotonic()
@@ -456,6 +542,22 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
                 time.sleep(max(0.0, due - time.monotonic()))
                 probes.sent_ns.append(time.perf_counter_ns())
                 sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
+            capacity_train.sent_ns = _send_train(
+                sock, sid, 0, plan.capacity_packets, plan.size_bytes, None
+            )
+            if plan.trains:
+                # Spruce needs the capacity before its trains: one round trip more.
+                got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
+                capacity_train.received = [(s, t) for i, s, t in got if i == 0]
+                capacity = capacity_bps(capacity_train)
+                for index in range(2, 2 + plan.trains if capacity else 0):
+                    if time.monotonic() - started > deadline_s:
+                        break
+                    _sleep_exp(rng, plan.trains, plan.spread_s)
+                    sent = _send_train(
+                        sock, sid, index, plan.train_packets, plan.size_bytes, capacity
+                    )
+                    trains.append(Train(plan.size_bytes, capacity, sent, []))
             got = _query(sock, sid, plan.reply_timeout_s, plan.tries)
             if got is None:
                 problems.append("no answer from the receiver")

@@ -181,7 +181,9 @@ def test_the_receiver_stops_past_its_byte_budget() -> None:
         doc = tool.send("127.0.0.1", port, tool.Plan(probes=50, spread_s=0.05), deadline_s=3.0)
         assert server.wait(5) == 3
         assert server.popen.stdout is not None
-        assert "cut: 10500 probe bytes exceed the 10000 granted" in server.popen.stdout.read()
+        # The 50 probes (3,200 B) go first, then the capacity train: its 5th packet crosses.
+        expected = 50 * 64 + 5 * 1500
+        assert f"cut: {expected} probe bytes exceed the 10000 granted" in server.popen.stdout.read()
         assert any("no answer" in p or "failed" in p for p in doc["problems"]), doc["problems"]
     finally:
         server.stop()
