@@ -265,3 +265,22 @@ def test_the_probe_leases_a_receiver_from_the_agent(abw_agent: RunningAgent) -> 
     assert data["estimate_s"] <= 1.0
     assert data["capacity_bps"] > 0 and 0 <= data["available_bps"] <= data["capacity_bps"]
     assert "[agent " in result.diags and "slot" in result.diags
+
+
+def test_the_delay_lines_trace_holds_the_queue_wait_of_the_packets_of_one_size() -> None:
+    """The lab's ground truth for the probes (benchmarks/abw.py): the model's own queue wait of
+    each packet of the traced size, nothing of other sizes, read and cleared by a request."""
+    from iepm.lab.delayline import DelayLine
+
+    line = DelayLine({"ab": {"rate_mbit": 10.0}, "ba": {}})
+    assert line.handle({"cmd": "trace", "dir": "ab", "size": PROBE, "count": 2})["trace"] == []
+    ab = line.dirs["ab"]
+    ab.admit(MTU, 0.0)  # 1.2 ms at 10 Mbit/s
+    ab.admit(PROBE, 0.0002)  # waits 1 ms behind it
+    ab.admit(PROBE, 0.01)  # finds the link idle
+    ab.admit(PROBE, 0.02)  # past the count asked for
+    trace = line.handle({"cmd": "trace", "dir": "ab"})["trace"]
+    assert [t for t, _ in trace] == [0.0002, 0.01]
+    assert [w for _, w in trace] == pytest.approx([0.001, 0.0])
+    assert line.handle({"cmd": "trace", "dir": "ab"})["trace"] == []
+    assert not line.handle({"cmd": "trace", "dir": "xy"})["ok"]
