@@ -283,7 +283,25 @@ def receiver(lab: Lab, node: str, log: Path) -> subprocess.Popen[bytes]:
     return rx
 
 
-def tool_runs(lab: Lab, runs: int) -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+Trace = list[tuple[float, float, int]]
+
+
+def window_truth(trace: Trace, rate_mbit: float, probe_bytes: int) -> float | None:
+    """The available bandwidth while the probes were sent: C less the bytes the delay line
+    queued between the first probe and the last, other than the probes (bit/s)."""
+    if len(trace) < 2 or trace[-1][0] <= trace[0][0]:
+        return None
+    cross = trace[-1][2] - trace[0][2] - probe_bytes * (len(trace) - 1)
+    return rate_mbit * 1e6 - max(0, cross) * 8 / (trace[-1][0] - trace[0][0])
+
+
+def traced_estimate(lab: Lab, ctx: ProbeContext) -> tuple[Any, Trace]:
+    lab.link_trace(LINK, tool.Plan.probe_size_bytes, 10 * tool.Plan.probes)
+    result = asyncio.run(abw.run(abw.Spec(), ctx))
+    return result, lab.link_trace(LINK)
+
+
+def tool_runs(lab: Lab, runs: int) -> list[tuple[dict[str, Any], Trace]]:
     """The tool with Spruce's trains added, against a receiver started for each run, each with
     the delay line's trace of its probes (their queue wait as the lab scheduled them)."""
     out = []
@@ -300,25 +318,31 @@ def tool_runs(lab: Lab, runs: int) -> list[tuple[dict[str, Any], list[tuple[floa
 
 
 def truth_split(
-    docs: list[tuple[dict[str, Any], list[tuple[float, float]]]], rate_mbit: float, truth: float
+    docs: list[tuple[dict[str, Any], Trace]], rate_mbit: float, truth: float
 ) -> dict[str, Any]:
     """What the method loses against what the lab's timing loses, on the same runs: the error
     of A = C·(1 − u) with u the share of probes the delay line itself queued (perfect timing:
     the method's own loss: sampling, the probes' own load), the estimator's error from the
     stamps, and the stamps' noise: each probe's measured wait less its true wait."""
     method_err, tool_err, noise_us, u_true, u_est = [], [], [], [], []
+    method_win, tool_win = [], []
     for doc, trace in docs:
         trains = tool.trains_from_doc(doc)
         probes = trains[1]
         if len(trace) != len(probes.sent_ns) or len(probes.received) != len(probes.sent_ns):
             continue  # a probe lost or a stranger of the same size: no one-to-one match
-        waits = [w for _, w in trace]
+        waits = [w for _, w, _ in trace]
         share = sum(1 for w in waits if w > 0) / len(waits)
         method_err.append(abs(rate_mbit * 1e6 * (1 - share) - truth) / truth)
+        win = window_truth(trace, rate_mbit, probes.size_bytes)
+        if win:
+            method_win.append(abs(rate_mbit * 1e6 * (1 - share) - win) / win)
         u_true.append(share)
         est = tool.estimate(trains)
         if est.available_bps is not None and est.capacity_bps:
             tool_err.append(abs(est.available_bps - truth) / truth)
+            if win:
+                tool_win.append(abs(est.available_bps - win) / win)
             u_est.append(1 - est.available_bps / est.capacity_bps)
         by_seq = dict(probes.received)  # the delay line sees the probes in the order sent
         delays = [by_seq[q] - sent for q, sent in enumerate(probes.sent_ns)]
@@ -332,7 +356,9 @@ def truth_split(
             [round(a, 3), round(b, 3)] for a, b in zip(u_true, u_est, strict=False)
         ],
         "method_with_true_waits": error_summary(method_err),
+        "method_with_true_waits_vs_window": error_summary(method_win) if method_win else None,
         "estimator_same_runs": error_summary(tool_err) if tool_err else None,
+        "estimator_same_runs_vs_window": error_summary(tool_win) if tool_win else None,
         "stamp_noise_us": {
             "p50": round(pct(noise_us, 0.5), 1),
             "p90": round(pct(noise_us, 0.9), 1),
@@ -346,7 +372,8 @@ def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namesp
         if share:
             time.sleep(2.0)  # the generator's client is up
         b0, t0 = delivered_bytes(lab), time.monotonic()
-        runs = [asyncio.run(abw.run(abw.Spec(), ctx)) for _ in range(args.estimates)]
+        pairs = [traced_estimate(lab, ctx) for _ in range(args.estimates)]
+        runs = [r for r, _ in pairs]
         traced = tool_runs(lab, args.methods)
         docs = [d for d, _ in traced]
         b1, t1 = delivered_bytes(lab), time.monotonic()
@@ -357,6 +384,12 @@ def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namesp
     truth = rate_mbit * 1e6 - cross_bps
     ok = [r for r in runs if r.succeeded]
     errors = [abs(r.data["available_bps"] - truth) / truth for r in ok]
+    windows = [window_truth(t, rate_mbit, tool.Plan.probe_size_bytes) for r, t in pairs]
+    errors_window = [
+        abs(r.data["available_bps"] - w) / w
+        for (r, _), w in zip(pairs, windows, strict=True)
+        if r.succeeded and w
+    ]
     trains = [tool.trains_from_doc(d) for d in docs]
     print(f"delay line {rate_mbit:g}:{share:g} done", file=sys.stderr, flush=True)
     busy = [tool.estimate(t).available_bps for t in trains]
@@ -378,6 +411,10 @@ def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namesp
             "capacity_mbit": [round(r.data["capacity_bps"] / 1e6, 2) for r in ok],
             "failed": [r.error for r in runs if not r.succeeded],
             **(error_summary(errors) if errors else {}),
+            "window_truth_mbit": [round(w / 1e6, 2) if w else None for w in windows],
+            "vs_window": error_summary(errors_window) if errors_window else None,
+            "errors_vs_window": [round(e, 4) for e in errors_window],
+            "quality": [r.data["quality"] for r in ok],
             "bytes_per_estimate": abw_bytes,
             "seconds_per_estimate": round(statistics.median(r.data["estimate_s"] for r in ok), 3)
             if ok
@@ -488,6 +525,7 @@ def main() -> None:
     if args.bottleneck in ("both", "delayline"):
         paths = [bench_path(rate, share, i, args) for i, (rate, share) in enumerate(cases)]
         errors = pooled(paths)
+        window = [e for p in paths for e in p["abw"]["errors_vs_window"]]
         ratios = [p["cost_ratio_bytes"] for p in paths if p["cost_ratio_bytes"]]
         per_estimate = [p["abw"] for p in paths if p["abw"]["bytes_per_estimate"]]
         report.update(
@@ -504,10 +542,17 @@ def main() -> None:
                 "cost_ratio_bytes": statistics.median(ratios) if ratios else None,
                 "cases": {
                     f"{p['capacity_mbit']:g}:{p['cross_configured_mbit'] / p['capacity_mbit']:g}": {
-                        k: p["abw"].get(k) for k in ("median_error", "p90_error", "n")
+                        **{k: p["abw"].get(k) for k in ("median_error", "p90_error", "n")},
+                        "vs_window": p["abw"]["vs_window"],
+                        "method_with_true_waits": p["truth_split"].get("method_with_true_waits"),
+                        "stamp_noise_us": p["truth_split"].get("stamp_noise_us"),
                     }
                     for p in paths
                 },
+                # Against the available bandwidth while each estimate's probes were sent (the
+                # delay line's counters over that half second), not the mean over all of them.
+                "vs_window": error_summary(window) if window else None,
+                "goal_met_vs_window": goal_met(window),
                 "paths": paths,
             }
         )

@@ -177,6 +177,8 @@ class Train:
     rate_bps: float | None  # asked for; None: back to back
     sent_ns: list[int]
     received: list[tuple[int, int]]  # (seq, receive ns)
+    # Packets per back-to-back burst when the train is several bursts (None: one).
+    burst: int | None = None
 
     def bits(self) -> int:
         return self.size_bytes * 8
@@ -193,19 +195,21 @@ class Train:
 
 
 def capacity_bps(train: Train) -> float | None:
-    """Bottleneck capacity from a back-to-back train: the spacing the bottleneck leaves when
+    """Bottleneck capacity from back-to-back bursts: the spacing the bottleneck leaves when
     no cross packet slips in. Spacings over two gaps (a receiver that takes two packets in one
     wake-up stamps them close, and the next one late: the pair's sum holds), of the pairs the
     bottleneck queued: sent in under half the time they took to leave (a sender descheduled
     within its train spaced those itself), else, when too few were (a sender barely faster than
-    the link), sent faster than they left. Their median: cross traffic widens some, timing
-    noise spreads them both ways."""
+    the link), sent faster than they left. Their median over all the bursts: cross traffic
+    widens some, timing noise spreads them both ways, and a bottleneck (or a lab's delay line)
+    stalled during one burst stretches that burst only."""
     by_seq = dict(train.received)
     sent = train.sent_ns
+    burst = train.burst or len(sent)
     pairs = [
         (sent[s + 2] - sent[s], by_seq[s + 2] - by_seq[s])
         for s in range(len(sent) - 2)
-        if s in by_seq and s + 1 in by_seq and s + 2 in by_seq
+        if s in by_seq and s + 1 in by_seq and s + 2 in by_seq and s // burst == (s + 2) // burst
     ]
     for slack in (2, 1):
         spacings = [g_out / 2 for g_in, g_out in pairs if 0 < slack * g_in < g_out]
@@ -340,13 +344,16 @@ def spruce_bps(trains: Sequence[Train]) -> float | None:
 
 @dataclass
 class Plan:
-    """What one estimate sends: a back-to-back capacity train of ``capacity_packets`` packets
-    of ``size_bytes`` (IP), then ``probes`` single packets of ``probe_size_bytes`` at random
-    (Poisson) moments over about ``spread_s``; with ``trains`` > 0 also that many Spruce trains
-    of ``train_packets`` at the capacity found (the method this one was chosen over)."""
+    """What one estimate sends: ``probes`` single packets of ``probe_size_bytes`` at random
+    (Poisson) moments over about ``spread_s``, then ``capacity_trains`` back-to-back bursts of
+    ``capacity_packets`` packets of ``size_bytes`` (IP), ``burst_gap_s`` apart; with
+    ``trains`` > 0 also that many Spruce trains of ``train_packets`` at the capacity found (the
+    method this one was chosen over)."""
 
     size_bytes: int = 1500
     capacity_packets: int = 16
+    capacity_trains: int = 3
+    burst_gap_s: float = 0.02
     probes: int = 400
     probe_size_bytes: int = 64
     spread_s: float = 0.5
@@ -357,7 +364,8 @@ class Plan:
 
     def total_bytes(self) -> int:
         return (
-            self.size_bytes * (self.capacity_packets + self.trains * self.train_packets)
+            self.size_bytes
+            * (self.capacity_packets * self.capacity_trains + self.trains * self.train_packets)
             + self.probe_size_bytes * self.probes
         )
 
@@ -437,15 +445,24 @@ def send_burst(sock: socket.socket, datagrams: Sequence[bytes]) -> tuple[int, in
 
 
 def _send_train(
-    sock: socket.socket, sid: int, index: int, count: int, size: int, rate_bps: float | None
+    sock: socket.socket,
+    sid: int,
+    index: int,
+    count: int,
+    size: int,
+    rate_bps: float | None,
+    burst: int = 0,
 ) -> list[int]:
+    """Send one train; the packets' sequence numbers start at ``burst`` × ``count``."""
     pad = b"\0" * (size - IP_UDP_HEADER_BYTES - PROBE.size)
+    first = burst * count
     if not rate_bps:
         # Back to back: one system call for the train. Each packet's send time is placed
         # evenly between the clock before and after the call (the kernel sends them in order
         # within it); only the spacing matters, and the bottleneck's is far wider.
         t0, t1, sent_count = send_burst(
-            sock, [PROBE.pack(MAGIC_PROBE, sid, index, seq, count) + pad for seq in range(count)]
+            sock,
+            [PROBE.pack(MAGIC_PROBE, sid, index, first + seq, count) + pad for seq in range(count)],
         )
         step = (t1 - t0) / max(1, sent_count)
         return [t0 + int(step * (i + 1)) for i in range(sent_count)]
@@ -529,7 +546,7 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
             # The probes first, the capacity train after them: a train sent first would leave
             # a queue behind it for a time that grows with the cross traffic (T/(1 − u)).
             probes = Train(plan.probe_size_bytes, None, [], [])
-            capacity_train = Train(plan.size_bytes, None, [], [])
+            capacity_train = Train(plan.size_bytes, None, [], [], plan.capacity_packets)
             trains += [capacity_train, probes]
             pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
             # Poisson moments on one clock: a late wake-up delays one probe, not all after it.
@@ -542,9 +559,12 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
                 time.sleep(max(0.0, due - time.monotonic()))
                 probes.sent_ns.append(time.perf_counter_ns())
                 sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
-            capacity_train.sent_ns = _send_train(
-                sock, sid, 0, plan.capacity_packets, plan.size_bytes, None
-            )
+            for burst in range(plan.capacity_trains):
+                if burst:
+                    time.sleep(plan.burst_gap_s)  # the last burst has (mostly) left the queue
+                capacity_train.sent_ns += _send_train(
+                    sock, sid, 0, plan.capacity_packets, plan.size_bytes, None, burst
+                )
             if plan.trains:
                 # Spruce needs the capacity before its trains: one round trip more.
                 got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
@@ -590,6 +610,7 @@ def trains_from_doc(doc: dict[str, Any]) -> list[Train]:
             None if t["rate_bps"] is None else float(t["rate_bps"]),
             [int(x) for x in t["sent_ns"]],
             [(int(s), int(r)) for s, r in t["received"]],
+            None if t.get("burst") is None else int(t["burst"]),
         )
         for t in doc["trains"]
     ]
@@ -613,6 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tx.add_argument("port", type=int)
     tx.add_argument("--size-bytes", type=int, default=Plan.size_bytes)
     tx.add_argument("--capacity-packets", type=int, default=Plan.capacity_packets)
+    tx.add_argument("--capacity-trains", type=int, default=Plan.capacity_trains)
     tx.add_argument("--trains", type=int, default=Plan.trains)
     tx.add_argument("--train-packets", type=int, default=Plan.train_packets)
     tx.add_argument("--spread-s", type=float, default=Plan.spread_s)
@@ -630,6 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = Plan(
         size_bytes=args.size_bytes,
         capacity_packets=args.capacity_packets,
+        capacity_trains=args.capacity_trains,
         trains=args.trains,
         train_packets=args.train_packets,
         spread_s=args.spread_s,

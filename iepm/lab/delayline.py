@@ -122,11 +122,12 @@ class Direction:
     seq: int = 0
     # Our own fixed forwarding latency, taken off the configured delay (never below zero).
     compensation_s: float = 0.0
-    # Ground truth for measurement tools: (arrival, queue wait) in s of the next ``trace_left``
-    # packets of exactly ``trace_size`` bytes (control request ``trace``).
+    # Ground truth for measurement tools: (arrival s, queue wait s, bytes queued for the link
+    # before it) of the next ``trace_left`` packets of ``trace_size`` bytes (request ``trace``).
     trace_size: int = 0
     trace_left: int = 0
-    trace: list[tuple[float, float]] = field(default_factory=list)
+    trace: list[tuple[float, float, int]] = field(default_factory=list)
+    arrived_bytes: int = 0
 
     def set_params(self, params: Params) -> None:
         self.params = params
@@ -163,7 +164,8 @@ class Direction:
             start = sent = now
         if self.trace_left and size == self.trace_size:
             self.trace_left -= 1
-            self.trace.append((now, start - now))
+            self.trace.append((now, start - now, self.arrived_bytes))
+        self.arrived_bytes += size
         # Loss after the queue: a lost packet still used the bottleneck, as on a real lossy hop.
         if self._lost():
             self.stats.lost += 1

@@ -166,12 +166,12 @@ def test_the_receiver_returns_kernel_stamps_of_every_packet(
     after_ns = time.time_ns()
     assert doc["problems"] == []
     trains = tool.trains_from_doc(doc)
-    assert [len(t.received) for t in trains] == [16, 300]  # more than one report page
+    assert [len(t.received) for t in trains] == [3 * 16, 300]  # more than one report page
     stamps = [ns for t in trains for _, ns in t.received]
     assert all(before_ns <= ns <= after_ns for ns in stamps)  # CLOCK_REALTIME, this run's
     assert server.wait(5) == 0
     assert server.popen.stdout is not None
-    assert "done: 43200 bytes, kernel stamps" in server.popen.stdout.read()
+    assert f"done: {3 * 16 * 1500 + 300 * 64} bytes, kernel stamps" in server.popen.stdout.read()
 
 
 def test_the_receiver_stops_past_its_byte_budget() -> None:
@@ -232,7 +232,7 @@ def test_parse_recorded_lab_runs(case: str) -> None:
 
 
 def test_a_spec_over_its_budget_is_refused_naming_the_sum() -> None:
-    with pytest.raises(ValueError, match="= 103200 bytes exceeds budget_bytes = 100000"):
+    with pytest.raises(ValueError, match="= 163200 bytes exceeds budget_bytes = 100000"):
         abw.Spec(capacity_packets=20, probes=1200, probe_size_bytes=61)
     assert abw.Spec().total_bytes() <= 100_000
 
@@ -261,7 +261,7 @@ def test_the_probe_leases_a_receiver_from_the_agent(abw_agent: RunningAgent) -> 
     assert result.succeeded, f"{result.error}\n{result.diags[-1500:]}"
     data = result.data
     assert data["probe_bytes"] == abw.Spec().total_bytes() <= 100_000
-    assert data["received_packets"] == data["probe_packets"] == 16 + 400
+    assert data["received_packets"] == data["probe_packets"] == 3 * 16 + 400
     assert data["estimate_s"] <= 1.0
     assert data["capacity_bps"] > 0 and 0 <= data["available_bps"] <= data["capacity_bps"]
     assert "[agent " in result.diags and "slot" in result.diags
@@ -280,7 +280,8 @@ def test_the_delay_lines_trace_holds_the_queue_wait_of_the_packets_of_one_size()
     ab.admit(PROBE, 0.01)  # finds the link idle
     ab.admit(PROBE, 0.02)  # past the count asked for
     trace = line.handle({"cmd": "trace", "dir": "ab"})["trace"]
-    assert [t for t, _ in trace] == [0.0002, 0.01]
-    assert [w for _, w in trace] == pytest.approx([0.001, 0.0])
+    assert [t for t, _, _ in trace] == [0.0002, 0.01]
+    assert [w for _, w, _ in trace] == pytest.approx([0.001, 0.0])
+    assert [b for _, _, b in trace] == [MTU, MTU + PROBE]  # what arrived before each
     assert line.handle({"cmd": "trace", "dir": "ab"})["trace"] == []
     assert not line.handle({"cmd": "trace", "dir": "xy"})["ok"]
