@@ -209,15 +209,19 @@ def bench_kernel_path(rate_mbit: float, share: float, index: int, args: argparse
         if share:
             time.sleep(2.0)
         b0, t0 = tbf_bytes(path["mon"]), time.monotonic()
-        runs = [
-            asyncio.run(abw.run(abw.Spec(port=RECEIVER_PORT), ctx)) for _ in range(args.estimates)
-        ]
+        runs = []
+        for _ in range(args.estimates):
+            rx = path["receiver"]()  # one-shot: it exits on the sender's goodbye
+            runs.append(asyncio.run(abw.run(abw.Spec(port=RECEIVER_PORT), ctx)))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rx.wait(5)
         b1, t1 = tbf_bytes(path["mon"]), time.monotonic()
         ours = sum(r.data.get("probe_bytes", 0) for r in runs)
         cross_bps = max(0.0, (b1 - b0 - ours) * 8 / (t1 - t0))
     truth = rate_mbit * 1e6 - cross_bps
     ok = [r for r in runs if r.succeeded]
     errors = [abs(r.data["available_bps"] - truth) / truth for r in ok]
+    print(f"kernel {rate_mbit:g}:{share:g} done", file=sys.stderr, flush=True)
     return {
         "capacity_mbit": rate_mbit,
         "cross_configured_mbit": rate_mbit * share,

@@ -215,11 +215,12 @@ def capacity_bps(train: Train) -> float | None:
         spacings = [g_out / 2 for g_in, g_out in pairs if 0 < slack * g_in < g_out]
         if len(spacings) >= 3:
             return train.bits() / (statistics.median(spacings) * 1e-9)
-    # Nothing queued: the path is faster than the sender could fill it (loopback, a fast LAN),
-    # and the receive spacing says only what the sender's burst reached: a floor of C.
-    arrived = sorted(ns for _, ns in train.received)
-    if len(arrived) >= 3 and arrived[-1] > arrived[0]:
-        return train.bits() * (len(arrived) - 1) / ((arrived[-1] - arrived[0]) * 1e-9)
+    # None seen queued: the sender was preempted within its burst (the send times, spread
+    # evenly over the call, then read slow), or the path is faster than the sender (loopback, a
+    # fast LAN; then this is a floor of C). The median receive spacing of the bursts' pairs.
+    spacings = [g_out / 2 for _, g_out in pairs if g_out > 0]
+    if len(spacings) >= 3:
+        return train.bits() / (statistics.median(spacings) * 1e-9)
     return None
 
 
@@ -323,11 +324,21 @@ def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) ->
     if busy is None:
         return Estimate(None, capacity, 0.0, 0, f"fewer than {MIN_PROBES} probes came back")
     share, count = busy
-    available = capacity * (1.0 - share)
+    # The probes see the link busy with each other too (PASTA counts all the load but a
+    # probe's own), and the available bandwidth is what is left without them: add their rate.
+    available = min(capacity, capacity * (1.0 - share) + probe_rate_bps(trains[1]))
     if available <= 0:
         return Estimate(0.0, capacity, 0.0, count)
     sem = capacity * math.sqrt(max(share * (1 - share), 1.0 / count) / count)
     return Estimate(available, capacity, round(max(0.0, 1.0 - sem / available), 3), count)
+
+
+def probe_rate_bps(train: Train) -> float:
+    """The probes' own load on the path: their bits over the time they were sent in."""
+    sent = train.sent_ns
+    if len(sent) < 2 or sent[-1] <= sent[0]:
+        return 0.0
+    return len(sent) * train.bits() / ((sent[-1] - sent[0]) * 1e-9)
 
 
 def spruce_bps(trains: Sequence[Train]) -> float | None:
@@ -556,7 +567,9 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
                 if due - started > deadline_s:
                     problems.append(f"stopped at the {deadline_s:g} s deadline")
                     break
-                time.sleep(max(0.0, due - time.monotonic()))
+                if (wait := due - time.monotonic()) > 0:
+                    # Never sleep(0) when late: on a loaded host even that yields the CPU.
+                    time.sleep(wait)
                 probes.sent_ns.append(time.perf_counter_ns())
                 sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
             for burst in range(plan.capacity_trains):
