@@ -289,11 +289,45 @@ def busy_fraction(
     return min(1.0, busy / len(delays)), len(delays)
 
 
+def ambiguous_share(
+    train: Train,
+    capacity: float,
+    noise_floor_ns: float = NOISE_FLOOR_NS,
+    after_ns: int = 0,
+    before_ns: int | None = None,
+) -> float:
+    """Share of the probes whose wait is within a factor of two of :func:`busy_fraction`'s
+    threshold either way: timing noise or a short queue, the stamps cannot tell which."""
+    delays = one_way_delays_ns(train, after_ns, before_ns)
+    if not delays:
+        return 0.0
+    floor = min(delays)
+    threshold = max(noise_floor_ns, BUSY_PACKET_SHARE * MTU_BYTES * 8 / capacity * 1e9)
+    return sum(1 for d in delays if threshold / 2 < d - floor <= 2 * threshold) / len(delays)
+
+
+def burst_capacities(train: Train) -> list[float]:
+    """:func:`capacity_bps` of each back-to-back burst of a capacity train on its own."""
+    burst = train.burst or len(train.sent_ns)
+    out = []
+    for first in range(0, len(train.sent_ns), burst):
+        part = Train(
+            train.size_bytes,
+            None,
+            train.sent_ns[first : first + burst],
+            [(q - first, ns) for q, ns in train.received if first <= q < first + burst],
+        )
+        if (c := capacity_bps(part)) is not None:
+            out.append(c)
+    return out
+
+
 @dataclass(frozen=True)
 class Estimate:
     available_bps: float | None
     capacity_bps: float | None
-    # 0..1: 1 − the estimate's relative standard error (binomial, over the probes).
+    # 0..1: 1 − the estimate's relative uncertainty: the busy share's binomial error, the
+    # probes the timing cannot classify, and the bursts' disagreement on C (see estimate()).
     quality: float
     probes_used: int
     error: str | None = None
@@ -310,17 +344,19 @@ def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) ->
         got = len(trains[0].received)
         return Estimate(None, None, 0.0, 0, f"the capacity train came back with {got} packets")
     busy = None
+    window: tuple[int, int | None] = (0, None)
     if len(trains) > 1 and trains[0].sent_ns:
         # Probes sent before the capacity train (the tool's order)…
-        busy = busy_fraction(trains[1], capacity, noise_floor_ns, before_ns=trains[0].sent_ns[0])
+        window = (0, trains[0].sent_ns[0])
+        busy = busy_fraction(trains[1], capacity, noise_floor_ns, *window)
         if busy is None:
             # …or, in runs that sent the train first, those sent once it had drained.
             first = busy_fraction(
                 trains[1], capacity, noise_floor_ns, drained_ns(trains[0], capacity)
             )
             if first is not None:
-                drained = drained_ns(trains[0], capacity, first[0])
-                busy = busy_fraction(trains[1], capacity, noise_floor_ns, drained) or first
+                window = (drained_ns(trains[0], capacity, first[0]), None)
+                busy = busy_fraction(trains[1], capacity, noise_floor_ns, *window) or first
     if busy is None:
         return Estimate(None, capacity, 0.0, 0, f"fewer than {MIN_PROBES} probes came back")
     share, count = busy
@@ -329,8 +365,15 @@ def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) ->
     available = min(capacity, capacity * (1.0 - share) + probe_rate_bps(trains[1]))
     if available <= 0:
         return Estimate(0.0, capacity, 0.0, count)
-    sem = capacity * math.sqrt(max(share * (1 - share), 1.0 / count) / count)
-    return Estimate(available, capacity, round(max(0.0, 1.0 - sem / available), 3), count)
+    # Uncertainty (bit/s), three parts added in quadrature: the binomial error of the busy
+    # share; half the probes the timing cannot classify (each may be busy or idle); and the
+    # bursts' spread of C (a burst stretched by a stall, or cross traffic in it) carried to A.
+    binomial = capacity * math.sqrt(max(share * (1 - share), 1.0 / count) / count)
+    ambiguous = capacity * ambiguous_share(trains[1], capacity, noise_floor_ns, *window) / 2
+    bursts = burst_capacities(trains[0])
+    spread = (max(bursts) - min(bursts)) / 2 / capacity if len(bursts) > 1 else 0.0
+    error = math.sqrt(binomial**2 + ambiguous**2 + (spread * available) ** 2)
+    return Estimate(available, capacity, round(max(0.0, 1.0 - error / available), 3), count)
 
 
 def probe_rate_bps(train: Train) -> float:
