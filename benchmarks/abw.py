@@ -336,11 +336,17 @@ def truth_split(
         if len(trace) != len(probes.sent_ns) or len(probes.received) != len(probes.sent_ns):
             continue  # a probe lost or a stranger of the same size: no one-to-one match
         waits = [w for _, w, _ in trace]
-        share = sum(1 for w in waits if w > 0) / len(waits)
-        method_err.append(abs(rate_mbit * 1e6 * (1 - share) - truth) / truth)
+        # The estimator's own rule with perfect timing: busy when the delay line queued the
+        # probe longer than a tenth of a full-size packet at C (no noise floor), plus the
+        # probes' own rate.
+        rate = rate_mbit * 1e6
+        busy_s = tool.BUSY_PACKET_SHARE * tool.MTU_BYTES * 8 / rate
+        share = sum(1 for w in waits if w > busy_s) / len(waits)
+        perfect = min(rate, rate * (1 - share) + tool.probe_rate_bps(probes))
+        method_err.append(abs(perfect - truth) / truth)
         win = window_truth(trace, rate_mbit, probes.size_bytes)
         if win:
-            method_win.append(abs(rate_mbit * 1e6 * (1 - share) - win) / win)
+            method_win.append(abs(perfect - win) / win)
         u_true.append(share)
         est = tool.estimate(trains)
         if est.available_bps is not None and est.capacity_bps:
