@@ -306,6 +306,14 @@ def ambiguous_share(
     return sum(1 for d in delays if threshold / 2 < d - floor <= 2 * threshold) / len(delays)
 
 
+def train_capacity_bps(train: Train) -> float | None:
+    """C from a capacity train: with three bursts or more, the median of their own readings
+    (one burst stretched by a stall, or squeezed by a late delivery, is outvoted), else the
+    spacings of all of them pooled (:func:`capacity_bps`)."""
+    bursts = burst_capacities(train)
+    return statistics.median(bursts) if len(bursts) >= 3 else capacity_bps(train)
+
+
 def burst_capacities(train: Train) -> list[float]:
     """:func:`capacity_bps` of each back-to-back burst of a capacity train on its own."""
     burst = train.burst or len(train.sent_ns)
@@ -339,7 +347,7 @@ def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) ->
     runs that sent it first, once it had left the bottleneck), A = C·(1 − u)."""
     if not trains:
         return Estimate(None, None, 0.0, 0, "no train was sent")
-    capacity = capacity_bps(trains[0])
+    capacity = train_capacity_bps(trains[0])
     if capacity is None:
         got = len(trains[0].received)
         return Estimate(None, None, 0.0, 0, f"the capacity train came back with {got} packets")
@@ -386,7 +394,7 @@ def probe_rate_bps(train: Train) -> float:
 
 def spruce_bps(trains: Sequence[Train]) -> float | None:
     """Spruce's estimate from trains 2…: C minus the mean cross traffic they saw."""
-    capacity = capacity_bps(trains[0]) if trains else None
+    capacity = train_capacity_bps(trains[0]) if trains else None
     if capacity is None:
         return None
     cross = [x for t in trains[2:] if (x := cross_bps(t, capacity)) is not None]
@@ -625,7 +633,7 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
                 # Spruce needs the capacity before its trains: one round trip more.
                 got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
                 capacity_train.received = [(s, t) for i, s, t in got if i == 0]
-                capacity = capacity_bps(capacity_train)
+                capacity = train_capacity_bps(capacity_train)
                 for index in range(2, 2 + plan.trains if capacity else 0):
                     if time.monotonic() - started > deadline_s:
                         break
