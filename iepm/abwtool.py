@@ -415,7 +415,7 @@ class Plan:
     size_bytes: int = 1500
     capacity_packets: int = 16
     capacity_trains: int = 3
-    burst_gap_s: float = 0.02
+    burst_gap_s: float = 0.06
     probes: int = 400
     probe_size_bytes: int = 64
     spread_s: float = 0.5
@@ -625,7 +625,9 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
                 sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
             for burst in range(plan.capacity_trains):
                 if burst:
-                    time.sleep(plan.burst_gap_s)  # the last burst has (mostly) left the queue
+                    # Until the last burst has left: at 10 Mbit/s with 70 % cross traffic that
+                    # takes ~60 ms, and bursts piling up would fill a 50 ms queue.
+                    time.sleep(plan.burst_gap_s)
                 capacity_train.sent_ns += _send_train(
                     sock, sid, 0, plan.capacity_packets, plan.size_bytes, None, burst
                 )

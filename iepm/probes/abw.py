@@ -94,7 +94,7 @@ class Spec(ProbeSpec):
         default=16, ge=4, le=64, description="packets in the back-to-back capacity train"
     )
     capacity_trains: int = Field(
-        default=3, ge=1, le=8, description="capacity trains (bursts), 20 ms apart"
+        default=3, ge=1, le=8, description="capacity trains (bursts), 60 ms apart"
     )
     probes: int = Field(
         default=400, ge=tool.MIN_PROBES, le=1500, description="single probes for the utilisation"
