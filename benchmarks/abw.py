@@ -6,21 +6,27 @@ the target leasing both the abw receiver and iperf3:
 
 - the abw probe ``--estimates`` times: error against the truth A = C − cross, where cross is the
   bottleneck's delivered bytes over the estimates' span (delay-line counters) less the probes'
-  own; bytes and seconds per estimate;
-- the method it was chosen over, Spruce (trains of 5 at C sent at random moments, 10 per run),
-  from the same tool's runs with both (``--methods`` runs per path);
+  own, and against each estimate's own window (the bytes the delay line queued while its probes
+  were sent, from its trace); bytes and seconds per estimate;
+- ``--methods`` runs of the tool with Spruce's trains added (the method it was chosen over),
+  each with the delay line's trace of its probes: the method with perfect timing (the
+  estimator's rule on the true queue waits) against the estimator, and the stamps' noise
+  (measured wait − true wait, per probe): what the method loses and what the lab's timing loses;
 - one iperf3 TCP test (``--iperf3-s`` seconds): throughput, bytes and seconds; the cost ratio
   (iperf3 bytes / abw bytes per estimate) is the point;
-- the lab's own timing noise: one-way delay of the probes above the least on paths with no
-  cross traffic (the delay line wakes up late for a packet that finds it idle).
+- with ``--bottleneck kernel`` or ``both``, the same paths with ``tc tbf`` in a namespace as the
+  bottleneck instead of the user-space delay line;
+- the capacity train's send spacing on loopback: a ``send`` loop against one ``sendmmsg``.
 
 Then 20 targets (each behind its own 100 Mbit/s link, a receiver already listening: plain
 endpoints) estimated concurrently, wall time against the 10 s goal.
 
-Needs root. Prints JSON (figure: pooled median error; baseline: iperf3's bytes per test;
-ratio: iperf3 bytes / abw bytes).
+Needs root. Prints JSON: per case (``cases``) and pooled median / P90 error, ``goal_met``
+(median ≤ 10 %, P90 ≤ 25 %, ≤ 100 kB and ≤ 1 s per estimate), the same against each estimate's
+window, iperf3's bytes (baseline) and the cost ratio, the load average before and after.
 
     PYTHONPATH=. .venv/bin/python benchmarks/abw.py [--paths 10:0,100:0.5] [--estimates 8]
+        [--bottleneck both|delayline|kernel] [--targets 20]
 """
 
 from __future__ import annotations
