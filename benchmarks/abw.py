@@ -406,6 +406,9 @@ def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namesp
         for (r, _), w in zip(pairs, windows, strict=True)
         if r.succeeded and w
     ]
+    qualities = [
+        r.data["quality"] for (r, _), w in zip(pairs, windows, strict=True) if r.succeeded and w
+    ]
     trains = [tool.trains_from_doc(d) for d in docs]
     print(f"delay line {rate_mbit:g}:{share:g} done", file=sys.stderr, flush=True)
     busy = [tool.estimate(t).available_bps for t in trains]
@@ -430,6 +433,7 @@ def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namesp
             "window_truth_mbit": [round(w / 1e6, 2) if w else None for w in windows],
             "vs_window": error_summary(errors_window) if errors_window else None,
             "errors_vs_window": [round(e, 4) for e in errors_window],
+            "quality_vs_window": qualities,
             "quality": [r.data["quality"] for r in ok],
             "bytes_per_estimate": abw_bytes,
             "seconds_per_estimate": round(statistics.median(r.data["estimate_s"] for r in ok), 3)
@@ -542,6 +546,14 @@ def main() -> None:
         paths = [bench_path(rate, share, i, args) for i, (rate, share) in enumerate(cases)]
         errors = pooled(paths)
         window = [e for p in paths for e in p["abw"]["errors_vs_window"]]
+        confident = [
+            e
+            for p in paths
+            for e, q in zip(
+                p["abw"]["errors_vs_window"], p["abw"]["quality_vs_window"], strict=True
+            )
+            if q >= 0.5
+        ]
         ratios = [p["cost_ratio_bytes"] for p in paths if p["cost_ratio_bytes"]]
         per_estimate = [p["abw"] for p in paths if p["abw"]["bytes_per_estimate"]]
         report.update(
@@ -569,6 +581,12 @@ def main() -> None:
                 # delay line's counters over that half second), not the mean over all of them.
                 "vs_window": error_summary(window) if window else None,
                 "goal_met_vs_window": goal_met(window),
+                # The same, only the estimates whose own quality figure is at least 0.5.
+                "vs_window_quality_0_5": {
+                    **(error_summary(confident) if confident else {}),
+                    "left_out": len(window) - len(confident),
+                    "goal_met": goal_met(confident),
+                },
                 "paths": paths,
             }
         )
