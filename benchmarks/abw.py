@@ -351,13 +351,13 @@ def truth_split(
         perfect = min(rate, rate * (1 - share) + tool.probe_rate_bps(probes))
         method_err.append(abs(perfect - truth) / truth)
         win = window_truth(trace, rate_mbit, probes.size_bytes)
-        if win:
+        if win and win > 0:
             method_win.append(abs(perfect - win) / win)
         u_true.append(share)
         est = tool.estimate(trains)
         if est.available_bps is not None and est.capacity_bps:
             tool_err.append(abs(est.available_bps - truth) / truth)
-            if win:
+            if win and win > 0:
                 tool_win.append(abs(est.available_bps - win) / win)
             u_est.append(1 - est.available_bps / est.capacity_bps)
         by_seq = dict(probes.received)  # the delay line sees the probes in the order sent
@@ -404,10 +404,12 @@ def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namesp
     errors_window = [
         abs(r.data["available_bps"] - w) / w
         for (r, _), w in zip(pairs, windows, strict=True)
-        if r.succeeded and w
+        if r.succeeded and w and w > 0  # ≤ 0: oversubscribed in that window
     ]
     qualities = [
-        r.data["quality"] for (r, _), w in zip(pairs, windows, strict=True) if r.succeeded and w
+        r.data["quality"]
+        for (r, _), w in zip(pairs, windows, strict=True)
+        if r.succeeded and w and w > 0
     ]
     trains = [tool.trains_from_doc(d) for d in docs]
     print(f"delay line {rate_mbit:g}:{share:g} done", file=sys.stderr, flush=True)
