@@ -2,12 +2,12 @@
 receiver, the ``abw`` server kind). A light probe: at most ``budget_bytes`` (100 kB by default)
 and about a second per estimate, so it can run every minute where iperf3 runs every 90.
 
-The tool is ``iepm/abwtool.py`` (one stdlib-only file, run by path): it sends a
-back-to-back train of full-size packets, whose spacing at the receiver gives the bottleneck's
-capacity C, then small probes at Poisson moments, whose one-way delays tell how often they found
-the bottleneck busy — its utilisation u; A = C·(1 − u). The receiver stamps every packet with
-the kernel's receive time. Why this method and not Spruce's pairs or rate trains: README,
-"Available bandwidth (abw)".
+The tool is ``iepm/abwtool.py`` (one stdlib-only file, run by path): it sends small probes at
+Poisson moments, whose one-way delays tell how often they found the bottleneck busy — its
+utilisation u — then three back-to-back bursts of full-size packets (one ``sendmmsg`` call
+each), whose spacing at the receiver gives the bottleneck's capacity C; A = C·(1 − u) plus the
+probes' own rate. The receiver stamps every packet with the kernel's receive time. Why this
+method and not Spruce's pairs or rate trains: README, "Available bandwidth (abw)".
 
 ``parse()`` recomputes the estimate from the send and receive times the tool prints (kept in the
 raw log), so ``iepm extract`` reproduces it and a better estimator can be re-run on old runs.
