@@ -108,6 +108,24 @@ def test_a_probe_that_waited_longer_never_raises_the_estimate(
         assert after <= before
 
 
+def test_a_burst_preempted_inside_its_send_call_still_reads_the_capacity() -> None:
+    """One sendmmsg burst of 16 at 50 Mbit/s (240 µs a packet) whose sender was preempted twice
+    for 2 ms inside the call: the send times, spread evenly over the 4 ms call, make the gaps
+    around the preemptions the only "queued" ones (C read 20 Mbit/s so); the receive spacing
+    of the pairs the bottleneck queued holds."""
+    packet_ns = 1500 * 8 / 50e6 * 1e9
+    arrivals = [
+        i * 2_000.0 + (2e6 if i >= 5 else 0.0) + (2e6 if i >= 11 else 0.0) for i in range(16)
+    ]
+    free, received = 0.0, []
+    for seq, t in enumerate(arrivals):
+        free = max(t, free) + packet_ns
+        received.append((seq, int(free + 3e6)))
+    sent = [int(4.03e6 * (i + 1) / 16) for i in range(16)]  # spread over the call
+    train = tool.Train(1500, None, sent, received, burst=16)
+    assert tool.capacity_bps(train) == pytest.approx(50e6, rel=0.01)
+
+
 def test_an_estimate_needs_its_capacity_train_and_enough_probes() -> None:
     trains = bottleneck(50e6, 0.3, 1, probes=100)
     assert tool.estimate([]).error == "no train was sent"
