@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import math
 import os
@@ -79,7 +81,7 @@ class _Session:
     stamps: list[tuple[int, int, int]] = field(default_factory=list)  # (train, seq, ns)
 
 
-def _kernel_stamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+def kernel_stamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= TIMESPEC.size:
             sec, nsec = TIMESPEC.unpack_from(data)
@@ -121,7 +123,7 @@ def receive(
             if not select.select([sock], [], [], left)[0]:
                 continue
             data, ancdata, _, peer = sock.recvmsg(65535, socket.CMSG_SPACE(TIMESPEC.size))
-            stamp = _kernel_stamp_ns(ancdata)
+            stamp = kernel_stamp_ns(ancdata)
             if stamp is None:  # not seen on Linux; counted so that the log says so
                 stamp = time.time_ns()
                 user_stamps += 1
@@ -175,6 +177,8 @@ class Train:
     rate_bps: float | None  # asked for; None: back to back
     sent_ns: list[int]
     received: list[tuple[int, int]]  # (seq, receive ns)
+    # Packets per back-to-back burst when the train is several bursts (None: one).
+    burst: int | None = None
 
     def bits(self) -> int:
         return self.size_bytes * 8
@@ -191,24 +195,40 @@ class Train:
 
 
 def capacity_bps(train: Train) -> float | None:
-    """Bottleneck capacity from a back-to-back train: the spacing the bottleneck leaves when
+    """Bottleneck capacity from back-to-back bursts: the spacing the bottleneck leaves when
     no cross packet slips in. Spacings over two gaps (a receiver that takes two packets in one
     wake-up stamps them close, and the next one late: the pair's sum holds), of the pairs the
     bottleneck queued: sent in under half the time they took to leave (a sender descheduled
     within its train spaced those itself), else, when too few were (a sender barely faster than
-    the link), sent faster than they left. Their median: cross traffic widens some, timing
-    noise spreads them both ways."""
+    the link), sent faster than they left. Their median over all the bursts: cross traffic
+    widens some, timing noise spreads them both ways, and a bottleneck (or a lab's delay line)
+    stalled during one burst stretches that burst only."""
     by_seq = dict(train.received)
     sent = train.sent_ns
+    burst = train.burst or len(sent)
     pairs = [
         (sent[s + 2] - sent[s], by_seq[s + 2] - by_seq[s])
         for s in range(len(sent) - 2)
-        if s in by_seq and s + 1 in by_seq and s + 2 in by_seq
+        if s in by_seq and s + 1 in by_seq and s + 2 in by_seq and s // burst == (s + 2) // burst
     ]
+    if train.burst:
+        # Bursts sent by one sendmmsg call each: the send times are only spread evenly over the
+        # call, so a preemption inside it makes every gap of that burst look slow and keeping
+        # "queued" pairs by them would keep just the preempted ones. The kernel sends a burst
+        # at gigabits per second: the bottleneck queued all but the pairs around a preemption,
+        # and the median outvotes those.
+        spacings = [g_out / 2 for _, g_out in pairs if g_out > 0]
+        return train.bits() / (statistics.median(spacings) * 1e-9) if len(spacings) >= 3 else None
     for slack in (2, 1):
         spacings = [g_out / 2 for g_in, g_out in pairs if 0 < slack * g_in < g_out]
         if len(spacings) >= 3:
             return train.bits() / (statistics.median(spacings) * 1e-9)
+    # None seen queued: the sender was preempted within its burst (the send times, spread
+    # evenly over the call, then read slow), or the path is faster than the sender (loopback, a
+    # fast LAN; then this is a floor of C). The median receive spacing of the bursts' pairs.
+    spacings = [g_out / 2 for _, g_out in pairs if g_out > 0]
+    if len(spacings) >= 3:
+        return train.bits() / (statistics.median(spacings) * 1e-9)
     return None
 
 
@@ -227,31 +247,41 @@ def cross_bps(train: Train, capacity: float, stall: float = STALL) -> float | No
     return max(0.0, (capacity * sum_out_s - len(kept) * train.bits()) / sum_in_s)
 
 
-def one_way_delays_ns(train: Train, after_ns: int | None = None) -> list[int]:
+def one_way_delays_ns(
+    train: Train, after_ns: int | None = None, before_ns: int | None = None
+) -> list[int]:
     """Receive minus send time of each packet that arrived (an unknown clock offset included),
-    of those sent after ``after_ns`` (sender's clock) if given."""
+    of those sent after ``after_ns`` and before ``before_ns`` (sender's clock) if given."""
     return [
         ns - train.sent_ns[seq]
         for seq, ns in train.received
-        if 0 <= seq < len(train.sent_ns) and (after_ns is None or train.sent_ns[seq] > after_ns)
+        if 0 <= seq < len(train.sent_ns)
+        and (after_ns is None or train.sent_ns[seq] > after_ns)
+        and (before_ns is None or train.sent_ns[seq] < before_ns)
     ]
 
 
-def drained_ns(train: Train, capacity: float) -> int:
-    """When (sender's clock) the back-to-back train has surely left the bottleneck: probes sent
-    before would wait behind it and count its own load as the path's (twice its time)."""
-    return train.sent_ns[0] + int(2 * len(train.sent_ns) * train.bits() / capacity * 1e9)
+def drained_ns(train: Train, capacity: float, utilisation: float = 0.0) -> int:
+    """When (sender's clock) a back-to-back train sent before the probes has surely left the
+    bottleneck: probes sent before would wait behind it and count its own load as the path's.
+    Twice its time at C, stretched by 1/(1 − u): cross traffic keeps arriving while it drains."""
+    stretch = 1.0 / max(0.1, 1.0 - utilisation)
+    return train.sent_ns[0] + int(2 * stretch * len(train.sent_ns) * train.bits() / capacity * 1e9)
 
 
 def busy_fraction(
-    train: Train, capacity: float, noise_floor_ns: float = NOISE_FLOOR_NS, after_ns: int = 0
+    train: Train,
+    capacity: float,
+    noise_floor_ns: float = NOISE_FLOOR_NS,
+    after_ns: int = 0,
+    before_ns: int | None = None,
 ) -> tuple[float, int] | None:
     """Share of the probes that found the bottleneck busy, and how many probes count. A probe
     waited when its one-way delay exceeds the path's least (an empty queue) by more than
     :data:`BUSY_PACKET_SHARE` of a full-size packet's time at the bottleneck and the timing
     noise floor :data:`NOISE_FLOOR_NS`. Sent at Poisson moments, the probes see the link's
     time average (PASTA): the busy share is its utilisation."""
-    delays = one_way_delays_ns(train, after_ns)
+    delays = one_way_delays_ns(train, after_ns, before_ns)
     if len(delays) < MIN_PROBES:
         return None
     floor = min(delays)
@@ -267,11 +297,53 @@ def busy_fraction(
     return min(1.0, busy / len(delays)), len(delays)
 
 
+def ambiguous_share(
+    train: Train,
+    capacity: float,
+    noise_floor_ns: float = NOISE_FLOOR_NS,
+    after_ns: int = 0,
+    before_ns: int | None = None,
+) -> float:
+    """Share of the probes whose wait is within a factor of two of :func:`busy_fraction`'s
+    threshold either way: timing noise or a short queue, the stamps cannot tell which."""
+    delays = one_way_delays_ns(train, after_ns, before_ns)
+    if not delays:
+        return 0.0
+    floor = min(delays)
+    threshold = max(noise_floor_ns, BUSY_PACKET_SHARE * MTU_BYTES * 8 / capacity * 1e9)
+    return sum(1 for d in delays if threshold / 2 < d - floor <= 2 * threshold) / len(delays)
+
+
+def train_capacity_bps(train: Train) -> float | None:
+    """C from a capacity train: with three bursts or more, the median of their own readings
+    (one burst stretched by a stall, or squeezed by a late delivery, is outvoted), else the
+    spacings of all of them pooled (:func:`capacity_bps`)."""
+    bursts = burst_capacities(train)
+    return statistics.median(bursts) if len(bursts) >= 3 else capacity_bps(train)
+
+
+def burst_capacities(train: Train) -> list[float]:
+    """:func:`capacity_bps` of each back-to-back burst of a capacity train on its own."""
+    burst = train.burst or len(train.sent_ns)
+    out = []
+    for first in range(0, len(train.sent_ns), burst):
+        part = Train(
+            train.size_bytes,
+            None,
+            train.sent_ns[first : first + burst],
+            [(q - first, ns) for q, ns in train.received if first <= q < first + burst],
+        )
+        if (c := capacity_bps(part)) is not None:
+            out.append(c)
+    return out
+
+
 @dataclass(frozen=True)
 class Estimate:
     available_bps: float | None
     capacity_bps: float | None
-    # 0..1: 1 − the estimate's relative standard error (binomial, over the probes).
+    # 0..1: 1 − the estimate's relative uncertainty: the busy share's binomial error, the
+    # probes the timing cannot classify, and the bursts' disagreement on C (see estimate()).
     quality: float
     probes_used: int
     error: str | None = None
@@ -279,32 +351,58 @@ class Estimate:
 
 def estimate(trains: Sequence[Train], noise_floor_ns: float = NOISE_FLOOR_NS) -> Estimate:
     """Available bandwidth from a run: the capacity C from the back-to-back train (train 0),
-    the utilisation u from the delays of the probes (train 1) sent once that train had left
-    the bottleneck, A = C·(1 − u)."""
+    the utilisation u from the delays of the probes (train 1) sent before that train (or, in
+    runs that sent it first, once it had left the bottleneck), A = C·(1 − u)."""
     if not trains:
         return Estimate(None, None, 0.0, 0, "no train was sent")
-    capacity = capacity_bps(trains[0])
+    capacity = train_capacity_bps(trains[0])
     if capacity is None:
         got = len(trains[0].received)
         return Estimate(None, None, 0.0, 0, f"the capacity train came back with {got} packets")
-    busy = (
-        busy_fraction(trains[1], capacity, noise_floor_ns, drained_ns(trains[0], capacity))
-        if len(trains) > 1
-        else None
-    )
+    busy = None
+    window: tuple[int, int | None] = (0, None)
+    if len(trains) > 1 and trains[0].sent_ns:
+        # Probes sent before the capacity train (the tool's order)…
+        window = (0, trains[0].sent_ns[0])
+        busy = busy_fraction(trains[1], capacity, noise_floor_ns, *window)
+        if busy is None:
+            # …or, in runs that sent the train first, those sent once it had drained.
+            first = busy_fraction(
+                trains[1], capacity, noise_floor_ns, drained_ns(trains[0], capacity)
+            )
+            if first is not None:
+                window = (drained_ns(trains[0], capacity, first[0]), None)
+                busy = busy_fraction(trains[1], capacity, noise_floor_ns, *window) or first
     if busy is None:
         return Estimate(None, capacity, 0.0, 0, f"fewer than {MIN_PROBES} probes came back")
     share, count = busy
-    available = capacity * (1.0 - share)
+    # The probes see the link busy with each other too (PASTA counts all the load but a
+    # probe's own), and the available bandwidth is what is left without them: add their rate.
+    available = min(capacity, capacity * (1.0 - share) + probe_rate_bps(trains[1]))
     if available <= 0:
         return Estimate(0.0, capacity, 0.0, count)
-    sem = capacity * math.sqrt(max(share * (1 - share), 1.0 / count) / count)
-    return Estimate(available, capacity, round(max(0.0, 1.0 - sem / available), 3), count)
+    # Uncertainty (bit/s), three parts added in quadrature: the binomial error of the busy
+    # share; half the probes the timing cannot classify (each may be busy or idle); and the
+    # bursts' spread of C (a burst stretched by a stall, or cross traffic in it) carried to A.
+    binomial = capacity * math.sqrt(max(share * (1 - share), 1.0 / count) / count)
+    ambiguous = capacity * ambiguous_share(trains[1], capacity, noise_floor_ns, *window) / 2
+    bursts = burst_capacities(trains[0])
+    spread = (max(bursts) - min(bursts)) / 2 / capacity if len(bursts) > 1 else 0.0
+    error = math.sqrt(binomial**2 + ambiguous**2 + (spread * available) ** 2)
+    return Estimate(available, capacity, round(max(0.0, 1.0 - error / available), 3), count)
+
+
+def probe_rate_bps(train: Train) -> float:
+    """The probes' own load on the path: their bits over the time they were sent in."""
+    sent = train.sent_ns
+    if len(sent) < 2 or sent[-1] <= sent[0]:
+        return 0.0
+    return len(sent) * train.bits() / ((sent[-1] - sent[0]) * 1e-9)
 
 
 def spruce_bps(trains: Sequence[Train]) -> float | None:
     """Spruce's estimate from trains 2…: C minus the mean cross traffic they saw."""
-    capacity = capacity_bps(trains[0]) if trains else None
+    capacity = train_capacity_bps(trains[0]) if trains else None
     if capacity is None:
         return None
     cross = [x for t in trains[2:] if (x := cross_bps(t, capacity)) is not None]
@@ -316,13 +414,16 @@ def spruce_bps(trains: Sequence[Train]) -> float | None:
 
 @dataclass
 class Plan:
-    """What one estimate sends: a back-to-back capacity train of ``capacity_packets`` packets
-    of ``size_bytes`` (IP), then ``probes`` single packets of ``probe_size_bytes`` at random
-    (Poisson) moments over about ``spread_s``; with ``trains`` > 0 also that many Spruce trains
-    of ``train_packets`` at the capacity found (the method this one was chosen over)."""
+    """What one estimate sends: ``probes`` single packets of ``probe_size_bytes`` at random
+    (Poisson) moments over about ``spread_s``, then ``capacity_trains`` back-to-back bursts of
+    ``capacity_packets`` packets of ``size_bytes`` (IP), ``burst_gap_s`` apart; with
+    ``trains`` > 0 also that many Spruce trains of ``train_packets`` at the capacity found (the
+    method this one was chosen over)."""
 
     size_bytes: int = 1500
     capacity_packets: int = 16
+    capacity_trains: int = 3
+    burst_gap_s: float = 0.06
     probes: int = 400
     probe_size_bytes: int = 64
     spread_s: float = 0.5
@@ -333,7 +434,8 @@ class Plan:
 
     def total_bytes(self) -> int:
         return (
-            self.size_bytes * (self.capacity_packets + self.trains * self.train_packets)
+            self.size_bytes
+            * (self.capacity_packets * self.capacity_trains + self.trains * self.train_packets)
             + self.probe_size_bytes * self.probes
         )
 
@@ -346,22 +448,105 @@ def _pace_until(t_ns: int) -> None:
         pass
 
 
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_void_p),
+        ("namelen", ctypes.c_uint32),
+        ("iov", ctypes.POINTER(_IoVec)),
+        ("iovlen", ctypes.c_size_t),
+        ("control", ctypes.c_void_p),
+        ("controllen", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+    ]
+
+
+class _MMsgHdr(ctypes.Structure):
+    _fields_ = [("hdr", _MsgHdr), ("len", ctypes.c_uint)]
+
+
+def _libc_sendmmsg() -> Any:
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sendmmsg
+        fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+_SENDMMSG = _libc_sendmmsg()
+
+
+def send_burst(sock: socket.socket, datagrams: Sequence[bytes]) -> tuple[int, int, int]:
+    """Send ``datagrams`` on a connected socket back to back: one ``sendmmsg`` call (libc, via
+    ctypes), so the sender cannot be descheduled between packets; a ``send`` loop where libc has
+    none. (first ns, last ns, datagrams sent): the clock before the call and after it."""
+    count = len(datagrams)
+    if _SENDMMSG is None:
+        t0 = time.perf_counter_ns()
+        for d in datagrams:
+            sock.send(d)
+        return t0, time.perf_counter_ns(), count
+    bufs = [ctypes.create_string_buffer(d, len(d)) for d in datagrams]
+    iovs = (_IoVec * count)(
+        *[_IoVec(ctypes.addressof(b), len(d)) for b, d in zip(bufs, datagrams, strict=True)]
+    )
+    msgs = (_MMsgHdr * count)()
+    for i in range(count):
+        msgs[i].hdr.iov = ctypes.pointer(iovs[i])
+        msgs[i].hdr.iovlen = 1
+    done = 0
+    t0 = time.perf_counter_ns()
+    while done < count:
+        n = _SENDMMSG(
+            sock.fileno(), ctypes.addressof(msgs) + done * ctypes.sizeof(_MMsgHdr), count - done, 0
+        )
+        if n < 0:
+            err = ctypes.get_errno()
+            if err == 4:  # EINTR
+                continue
+            raise OSError(err, os.strerror(err))
+        done += n
+    return t0, time.perf_counter_ns(), done
+
+
 def _send_train(
-    sock: socket.socket, sid: int, index: int, count: int, size: int, rate_bps: float | None
+    sock: socket.socket,
+    sid: int,
+    index: int,
+    count: int,
+    size: int,
+    rate_bps: float | None,
+    burst: int = 0,
 ) -> list[int]:
+    """Send one train; the packets' sequence numbers start at ``burst`` × ``count``."""
     pad = b"\0" * (size - IP_UDP_HEADER_BYTES - PROBE.size)
-    gap_ns = 0 if not rate_bps else int(size * 8 / rate_bps * 1e9)
+    first = burst * count
+    if not rate_bps:
+        # Back to back: one system call for the train. Each packet's send time is placed
+        # evenly between the clock before and after the call (the kernel sends them in order
+        # within it); only the spacing matters, and the bottleneck's is far wider.
+        t0, t1, sent_count = send_burst(
+            sock,
+            [PROBE.pack(MAGIC_PROBE, sid, index, first + seq, count) + pad for seq in range(count)],
+        )
+        step = (t1 - t0) / max(1, sent_count)
+        return [t0 + int(step * (i + 1)) for i in range(sent_count)]
+    gap_ns = int(size * 8 / rate_bps * 1e9)
     sent: list[int] = []
     due = time.perf_counter_ns()
     for seq in range(count):
-        if gap_ns:
-            now = time.perf_counter_ns()
-            if now > due + gap_ns:
-                # Descheduled for more than a gap: go on from now rather than catch up with a
-                # burst faster than the rate asked (the stall shows in the send times).
-                due = now
-            _pace_until(due)
-            due += gap_ns
+        now = time.perf_counter_ns()
+        if now > due + gap_ns:
+            # Descheduled for more than a gap: go on from now rather than catch up with a
+            # burst faster than the rate asked (the stall shows in the send times).
+            due = now
+        _pace_until(due)
+        due += gap_ns
         # Stamped as the send starts: the kernel queues the packet within the call.
         sent.append(time.perf_counter_ns())
         sock.send(PROBE.pack(MAGIC_PROBE, sid, index, seq, count) + pad)
@@ -428,23 +613,11 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 21)
             sock.connect((host, port))
-            sent = _send_train(sock, sid, 0, plan.capacity_packets, plan.size_bytes, None)
-            trains.append(Train(plan.size_bytes, None, sent, []))
-            if plan.trains:
-                # Spruce needs the capacity before its trains: one round trip more.
-                got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
-                trains[0].received = [(s, t) for i, s, t in got if i == 0]
-                capacity = capacity_bps(trains[0])
-                for index in range(2, 2 + plan.trains if capacity else 0):
-                    if time.monotonic() - started > deadline_s:
-                        break
-                    _sleep_exp(rng, plan.trains, plan.spread_s)
-                    sent = _send_train(
-                        sock, sid, index, plan.train_packets, plan.size_bytes, capacity
-                    )
-                    trains.append(Train(plan.size_bytes, capacity, sent, []))
+            # The probes first, the capacity train after them: a train sent first would leave
+            # a queue behind it for a time that grows with the cross traffic (T/(1 − u)).
             probes = Train(plan.probe_size_bytes, None, [], [])
-            trains.insert(1, probes)
+            capacity_train = Train(plan.size_bytes, None, [], [], plan.capacity_packets)
+            trains += [capacity_train, probes]
             pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
             # Poisson moments on one clock: a late wake-up delays one probe, not all after it.
             due = time.monotonic()
@@ -453,9 +626,32 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
                 if due - started > deadline_s:
                     problems.append(f"stopped at the {deadline_s:g} s deadline")
                     break
-                time.sleep(max(0.0, due - time.monotonic()))
+                if (wait := due - time.monotonic()) > 0:
+                    # Never sleep(0) when late: on a loaded host even that yields the CPU.
+                    time.sleep(wait)
                 probes.sent_ns.append(time.perf_counter_ns())
                 sock.send(PROBE.pack(MAGIC_PROBE, sid, 1, seq, plan.probes) + pad)
+            for burst in range(plan.capacity_trains):
+                if burst:
+                    # Until the last burst has left: at 10 Mbit/s with 70 % cross traffic that
+                    # takes ~60 ms, and bursts piling up would fill a 50 ms queue.
+                    time.sleep(plan.burst_gap_s)
+                capacity_train.sent_ns += _send_train(
+                    sock, sid, 0, plan.capacity_packets, plan.size_bytes, None, burst
+                )
+            if plan.trains:
+                # Spruce needs the capacity before its trains: one round trip more.
+                got = _query(sock, sid, plan.reply_timeout_s, plan.tries) or []
+                capacity_train.received = [(s, t) for i, s, t in got if i == 0]
+                capacity = train_capacity_bps(capacity_train)
+                for index in range(2, 2 + plan.trains if capacity else 0):
+                    if time.monotonic() - started > deadline_s:
+                        break
+                    _sleep_exp(rng, plan.trains, plan.spread_s)
+                    sent = _send_train(
+                        sock, sid, index, plan.train_packets, plan.size_bytes, capacity
+                    )
+                    trains.append(Train(plan.size_bytes, capacity, sent, []))
             got = _query(sock, sid, plan.reply_timeout_s, plan.tries)
             if got is None:
                 problems.append("no answer from the receiver")
@@ -488,6 +684,7 @@ def trains_from_doc(doc: dict[str, Any]) -> list[Train]:
             None if t["rate_bps"] is None else float(t["rate_bps"]),
             [int(x) for x in t["sent_ns"]],
             [(int(s), int(r)) for s, r in t["received"]],
+            None if t.get("burst") is None else int(t["burst"]),
         )
         for t in doc["trains"]
     ]
@@ -511,6 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tx.add_argument("port", type=int)
     tx.add_argument("--size-bytes", type=int, default=Plan.size_bytes)
     tx.add_argument("--capacity-packets", type=int, default=Plan.capacity_packets)
+    tx.add_argument("--capacity-trains", type=int, default=Plan.capacity_trains)
     tx.add_argument("--trains", type=int, default=Plan.trains)
     tx.add_argument("--train-packets", type=int, default=Plan.train_packets)
     tx.add_argument("--spread-s", type=float, default=Plan.spread_s)
@@ -528,6 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = Plan(
         size_bytes=args.size_bytes,
         capacity_packets=args.capacity_packets,
+        capacity_trains=args.capacity_trains,
         trains=args.trains,
         train_packets=args.train_packets,
         spread_s=args.spread_s,

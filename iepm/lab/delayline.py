@@ -122,6 +122,12 @@ class Direction:
     seq: int = 0
     # Our own fixed forwarding latency, taken off the configured delay (never below zero).
     compensation_s: float = 0.0
+    # Ground truth for measurement tools: (arrival s, queue wait s, bytes queued for the link
+    # before it) of the next ``trace_left`` packets of ``trace_size`` bytes (request ``trace``).
+    trace_size: int = 0
+    trace_left: int = 0
+    trace: list[tuple[float, float, int]] = field(default_factory=list)
+    arrived_bytes: int = 0
 
     def set_params(self, params: Params) -> None:
         self.params = params
@@ -155,7 +161,11 @@ class Direction:
             self.link_free = start + size * 8 / (p.rate_mbit * 1e6)
             sent = self.link_free
         else:
-            sent = now
+            start = sent = now
+        if self.trace_left and size == self.trace_size:
+            self.trace_left -= 1
+            self.trace.append((now, start - now, self.arrived_bytes))
+        self.arrived_bytes += size
         # Loss after the queue: a lost packet still used the bottleneck, as on a real lossy hop.
         if self._lost():
             self.stats.lost += 1
@@ -296,6 +306,16 @@ class DelayLine:
                 return {"ok": False, "error": str(exc)}
             for t, params in new.items():
                 self.dirs[t].set_params(params)
+        elif cmd == "trace":
+            # Start (count > 0) or read and clear (count 0) a trace of one direction's packets
+            # of one IP size: their arrival and queue wait, as this model scheduled them.
+            direction = self.dirs.get(request.get("dir", "ab"))
+            if direction is None:
+                return {"ok": False, "error": f"bad dir {request.get('dir')!r}"}
+            trace, direction.trace = direction.trace, []
+            direction.trace_size = int(request.get("size", 0))
+            direction.trace_left = min(int(request.get("count", 0)), 100_000)
+            return {"ok": True, "trace": trace}
         elif cmd != "get":
             return {"ok": False, "error": f"unknown cmd {cmd!r}"}
         return {

@@ -511,6 +511,20 @@ class Lab:
         except OSError as exc:
             raise LabError(f"delay line of link {link} is not answering: {exc}") from exc
 
+    def link_trace(
+        self, link: str, size: int = 0, count: int = 0
+    ) -> list[tuple[float, float, int]]:
+        """The delay line's (arrival s, queue wait s, bytes queued for the link before it) of the
+        ``a→b`` packets of ``size`` IP bytes traced since the last call, and trace the next
+        ``count`` of them (0: stop)."""
+        if link not in self.plan.links:
+            raise LabError(f"lab {self.name} has no link {link!r} ({', '.join(self.plan.links)})")
+        try:
+            reply = control(self._ctrl(link), {"cmd": "trace", "size": size, "count": count})
+        except OSError as exc:
+            raise LabError(f"delay line of link {link} is not answering: {exc}") from exc
+        return [(float(t), float(w), int(b)) for t, w, b in reply.get("trace", [])]
+
     def link_params(self, link: str) -> dict[str, Params]:
         state = self.link_state(link)
         return {d: Params.from_dict(state[d]["params"]) for d in ("ab", "ba")}

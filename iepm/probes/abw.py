@@ -2,12 +2,12 @@
 receiver, the ``abw`` server kind). A light probe: at most ``budget_bytes`` (100 kB by default)
 and about a second per estimate, so it can run every minute where iperf3 runs every 90.
 
-The tool is ``iepm/abwtool.py`` (one stdlib-only file, run by path): it sends a
-back-to-back train of full-size packets, whose spacing at the receiver gives the bottleneck's
-capacity C, then small probes at Poisson moments, whose one-way delays tell how often they found
-the bottleneck busy — its utilisation u; A = C·(1 − u). The receiver stamps every packet with
-the kernel's receive time. Why this method and not Spruce's pairs or rate trains: README,
-"Available bandwidth (abw)".
+The tool is ``iepm/abwtool.py`` (one stdlib-only file, run by path): it sends small probes at
+Poisson moments, whose one-way delays tell how often they found the bottleneck busy — its
+utilisation u — then three back-to-back bursts of full-size packets (one ``sendmmsg`` call
+each), whose spacing at the receiver gives the bottleneck's capacity C; A = C·(1 − u) plus the
+probes' own rate. The receiver stamps every packet with the kernel's receive time. Why this
+method and not Spruce's pairs or rate trains: README, "Available bandwidth (abw)".
 
 ``parse()`` recomputes the estimate from the send and receive times the tool prints (kept in the
 raw log), so ``iepm extract`` reproduces it and a better estimator can be re-run on old runs.
@@ -93,6 +93,9 @@ class Spec(ProbeSpec):
     capacity_packets: int = Field(
         default=16, ge=4, le=64, description="packets in the back-to-back capacity train"
     )
+    capacity_trains: int = Field(
+        default=3, ge=1, le=8, description="capacity trains (bursts), 60 ms apart"
+    )
     probes: int = Field(
         default=400, ge=tool.MIN_PROBES, le=1500, description="single probes for the utilisation"
     )
@@ -119,7 +122,8 @@ class Spec(ProbeSpec):
         total = self.total_bytes()
         if total > self.budget_bytes:
             raise ValueError(
-                f"capacity_packets × size_bytes + probes × probe_size_bytes = {total} bytes "
+                "capacity_trains × capacity_packets × size_bytes + probes × probe_size_bytes"
+                f" = {total} bytes "
                 f"exceeds budget_bytes = {self.budget_bytes}"
             )
         return self
@@ -128,6 +132,7 @@ class Spec(ProbeSpec):
         return tool.Plan(
             size_bytes=self.size_bytes,
             capacity_packets=self.capacity_packets,
+            capacity_trains=self.capacity_trains,
             probes=self.probes,
             probe_size_bytes=self.probe_size_bytes,
             spread_s=self.spread_s,
@@ -141,7 +146,8 @@ class Spec(ProbeSpec):
         return self.spread_s + 3.0 * self.pages() * 0.3 + 3.0
 
     def pages(self) -> int:
-        return math.ceil((self.capacity_packets + self.probes) / tool.MAX_REPORT_ENTRIES)
+        packets = self.capacity_packets * self.capacity_trains + self.probes
+        return math.ceil(packets / tool.MAX_REPORT_ENTRIES)
 
 
 def build_argv(spec: Spec, address: str) -> list[str]:
@@ -156,6 +162,8 @@ def build_argv(spec: Spec, address: str) -> list[str]:
         str(plan.size_bytes),
         "--capacity-packets",
         str(plan.capacity_packets),
+        "--capacity-trains",
+        str(plan.capacity_trains),
         "--probes",
         str(plan.probes),
         "--probe-size-bytes",

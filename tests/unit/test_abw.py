@@ -108,6 +108,24 @@ def test_a_probe_that_waited_longer_never_raises_the_estimate(
         assert after <= before
 
 
+def test_a_burst_preempted_inside_its_send_call_still_reads_the_capacity() -> None:
+    """One sendmmsg burst of 16 at 50 Mbit/s (240 µs a packet) whose sender was preempted twice
+    for 2 ms inside the call: the send times, spread evenly over the 4 ms call, make the gaps
+    around the preemptions the only "queued" ones (C read 20 Mbit/s so); the receive spacing
+    of the pairs the bottleneck queued holds."""
+    packet_ns = 1500 * 8 / 50e6 * 1e9
+    arrivals = [
+        i * 2_000.0 + (2e6 if i >= 5 else 0.0) + (2e6 if i >= 11 else 0.0) for i in range(16)
+    ]
+    free, received = 0.0, []
+    for seq, t in enumerate(arrivals):
+        free = max(t, free) + packet_ns
+        received.append((seq, int(free + 3e6)))
+    sent = [int(4.03e6 * (i + 1) / 16) for i in range(16)]  # spread over the call
+    train = tool.Train(1500, None, sent, received, burst=16)
+    assert tool.capacity_bps(train) == pytest.approx(50e6, rel=0.01)
+
+
 def test_an_estimate_needs_its_capacity_train_and_enough_probes() -> None:
     trains = bottleneck(50e6, 0.3, 1, probes=100)
     assert tool.estimate([]).error == "no train was sent"
@@ -166,12 +184,12 @@ def test_the_receiver_returns_kernel_stamps_of_every_packet(
     after_ns = time.time_ns()
     assert doc["problems"] == []
     trains = tool.trains_from_doc(doc)
-    assert [len(t.received) for t in trains] == [16, 300]  # more than one report page
+    assert [len(t.received) for t in trains] == [3 * 16, 300]  # more than one report page
     stamps = [ns for t in trains for _, ns in t.received]
     assert all(before_ns <= ns <= after_ns for ns in stamps)  # CLOCK_REALTIME, this run's
     assert server.wait(5) == 0
     assert server.popen.stdout is not None
-    assert "done: 43200 bytes, kernel stamps" in server.popen.stdout.read()
+    assert f"done: {3 * 16 * 1500 + 300 * 64} bytes, kernel stamps" in server.popen.stdout.read()
 
 
 def test_the_receiver_stops_past_its_byte_budget() -> None:
@@ -181,7 +199,9 @@ def test_the_receiver_stops_past_its_byte_budget() -> None:
         doc = tool.send("127.0.0.1", port, tool.Plan(probes=50, spread_s=0.05), deadline_s=3.0)
         assert server.wait(5) == 3
         assert server.popen.stdout is not None
-        assert "cut: 10500 probe bytes exceed the 10000 granted" in server.popen.stdout.read()
+        # The 50 probes (3,200 B) go first, then the capacity train: its 5th packet crosses.
+        expected = 50 * 64 + 5 * 1500
+        assert f"cut: {expected} probe bytes exceed the 10000 granted" in server.popen.stdout.read()
         assert any("no answer" in p or "failed" in p for p in doc["problems"]), doc["problems"]
     finally:
         server.stop()
@@ -230,7 +250,7 @@ def test_parse_recorded_lab_runs(case: str) -> None:
 
 
 def test_a_spec_over_its_budget_is_refused_naming_the_sum() -> None:
-    with pytest.raises(ValueError, match="= 103200 bytes exceeds budget_bytes = 100000"):
+    with pytest.raises(ValueError, match="= 163200 bytes exceeds budget_bytes = 100000"):
         abw.Spec(capacity_packets=20, probes=1200, probe_size_bytes=61)
     assert abw.Spec().total_bytes() <= 100_000
 
@@ -259,7 +279,27 @@ def test_the_probe_leases_a_receiver_from_the_agent(abw_agent: RunningAgent) -> 
     assert result.succeeded, f"{result.error}\n{result.diags[-1500:]}"
     data = result.data
     assert data["probe_bytes"] == abw.Spec().total_bytes() <= 100_000
-    assert data["received_packets"] == data["probe_packets"] == 16 + 400
+    assert data["received_packets"] == data["probe_packets"] == 3 * 16 + 400
     assert data["estimate_s"] <= 1.0
     assert data["capacity_bps"] > 0 and 0 <= data["available_bps"] <= data["capacity_bps"]
     assert "[agent " in result.diags and "slot" in result.diags
+
+
+def test_the_delay_lines_trace_holds_the_queue_wait_of_the_packets_of_one_size() -> None:
+    """The lab's ground truth for the probes (benchmarks/abw.py): the model's own queue wait of
+    each packet of the traced size, nothing of other sizes, read and cleared by a request."""
+    from iepm.lab.delayline import DelayLine
+
+    line = DelayLine({"ab": {"rate_mbit": 10.0}, "ba": {}})
+    assert line.handle({"cmd": "trace", "dir": "ab", "size": PROBE, "count": 2})["trace"] == []
+    ab = line.dirs["ab"]
+    ab.admit(MTU, 0.0)  # 1.2 ms at 10 Mbit/s
+    ab.admit(PROBE, 0.0002)  # waits 1 ms behind it
+    ab.admit(PROBE, 0.01)  # finds the link idle
+    ab.admit(PROBE, 0.02)  # past the count asked for
+    trace = line.handle({"cmd": "trace", "dir": "ab"})["trace"]
+    assert [t for t, _, _ in trace] == [0.0002, 0.01]
+    assert [w for _, w, _ in trace] == pytest.approx([0.001, 0.0])
+    assert [b for _, _, b in trace] == [MTU, MTU + PROBE]  # what arrived before each
+    assert line.handle({"cmd": "trace", "dir": "ab"})["trace"] == []
+    assert not line.handle({"cmd": "trace", "dir": "xy"})["ok"]
