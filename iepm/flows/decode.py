@@ -62,6 +62,9 @@ class DecodeStats:
     options_records: int = 0
     zero_bytes: int = 0  # records kept but worth a look: no bytes, or no duration
     zero_duration: int = 0
+    # Records dropped because a counter or time is beyond a signed 64-bit column (an 8-byte
+    # unsigned counter near 2^64): one such record must not fail its whole batch in the archive.
+    out_of_range: int = 0
     lost: int = 0  # records (v5, IPFIX) or packets (v9) missing by sequence number
     lost_packets_v9: int = 0
     out_of_order: int = 0
@@ -69,6 +72,8 @@ class DecodeStats:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+
+INT64_MAX = 2**63 - 1  # the archive's integer columns are signed 64-bit
 
 # Information elements the flow table reads (IANA numbers, shared by v9 and IPFIX).
 IN_BYTES, IN_PKTS, PROTO, SPORT, SRC4, DPORT, DST4 = 1, 2, 4, 7, 8, 11, 12
@@ -219,6 +224,15 @@ class Decoder:
         except struct.error:
             self.stats.truncated += 1
             return []
+        if any(
+            max(f.bytes, f.packets, f.start_ms, f.end_ms, f.sampling) > INT64_MAX for f in flows
+        ):
+            kept = [
+                f for f in flows
+                if max(f.bytes, f.packets, f.start_ms, f.end_ms, f.sampling) <= INT64_MAX
+            ]  # fmt: skip
+            self.stats.out_of_range += len(flows) - len(kept)
+            flows = kept
         self.stats.records += len(flows)
         for flow in flows:
             if flow.bytes == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 from unittest.mock import patch
 
 from hypothesis import given
@@ -179,6 +180,24 @@ def test_zero_bytes_and_zero_duration_are_counted_and_kept() -> None:
     ]
     assert len(decoder.decode(enc.v5(records, seq=0, now_ms=NOW, uptime_ms=UPTIME), EXP)) == 2
     assert decoder.stats.zero_bytes == 1 and decoder.stats.zero_duration == 1
+
+
+def test_a_counter_beyond_64_signed_bits_drops_only_its_record(tmp_path: Path) -> None:
+    # IPFIX's 8-byte octetDeltaCount can carry up to 2^64 - 1; the archive's columns are signed.
+    from iepm.flows.store import add_flows, read_flows
+    from iepm.store import Archive
+
+    good = F("198.18.1.2", "198.18.2.2", 1, 2, 6, 100, 1, NOW - 2000, NOW)
+    huge = F("198.18.1.2", "198.18.2.2", 3, 4, 6, 2**64 - 1, 1, NOW - 2000, NOW)
+    sets = [enc.template_set(10, 256, enc.IPFIX_FIELDS),
+            enc.data_set(256, [good, huge, good], enc.IPFIX_FIELDS, now_ms=NOW)]  # fmt: skip
+    decoder = Decoder()
+    got = decoder.decode(enc.ipfix(sets, seq=0, now_ms=NOW), EXP)
+    assert [g.sport for g in got] == [1, 1]
+    assert decoder.stats.out_of_range == 1 and decoder.stats.records == 2
+    with Archive.open(f"sqlite:///{tmp_path / 'a.db'}") as archive:
+        assert add_flows(archive, got, "collector") == 1  # the same record twice is one row
+        assert [f.bytes for f in read_flows(archive)] == [100]
 
 
 def test_options_data_sets_the_sampling_rate() -> None:
