@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import web as webbench  # benchmarks/web.py: wrk load, server start, private PostgreSQL
 
 from iepm.results import Result, format_time, new_result_id
-from iepm.store import Archive, rollup
+from iepm.store import Archive, partitions, rollup
 
 STEP = timedelta(minutes=90)
 END = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
@@ -135,6 +135,8 @@ def build(url: str, n: int, days: int, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     count = 1
     with Archive.open(url) as archive, archive.writing("building the benchmark archive") as conn:
+        # Rows land in their month's partition (iepm/store/partitions.py), not the default one.
+        partitions.create(conn, partitions.spanning(END - timedelta(days=days), END))
         raw = conn.connection.driver_connection
         with raw.cursor() as cur, cur.copy(f"COPY results ({', '.join(COLUMNS)}) FROM STDIN") as cp:  # type: ignore[union-attr]
             cp.write_row(first)

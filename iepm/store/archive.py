@@ -41,13 +41,14 @@ from sqlalchemy import (
     insert,
     make_url,
     select,
+    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from iepm.errors import StoreError
 from iepm.results import Outcome, Purpose, Result, format_time, new_result_id
-from iepm.store import rollup
+from iepm.store import partitions, rollup
 from iepm.store.filters import result_conditions
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import results as RESULTS
@@ -198,6 +199,7 @@ def _upgrade(engine: Engine) -> None:
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
     if current == head:
+        _partition(engine)
         return
     if current is not None:
         try:
@@ -216,6 +218,21 @@ def _upgrade(engine: Engine) -> None:
                 conn.execute(select(func.pg_advisory_xact_lock(PG_MIGRATION_LOCK)))
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
+    _partition(engine)
+
+
+def _partition(engine: Engine) -> None:
+    """On PostgreSQL, the month partitions of ``results`` ahead of now (iepm/store/partitions.py).
+    A role that may not create tables skips it: its rows land in the default partition, and the
+    next open or prune by the archive's owner moves them into months of their own."""
+    if engine.dialect.name != "postgresql":
+        return
+    try:
+        with engine.begin() as conn:
+            partitions.ensure(conn)
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) != "42501":  # insufficient_privilege
+            raise
 
 
 def _row(result: Result) -> dict[str, Any]:
@@ -320,6 +337,8 @@ class Archive:
         Returns the id of the stored row."""
         if result.raw_token is None:
             raise ValueError(f"result {result.id} has no raw_token to match a stored run by")
+        if self._engine.dialect.name == "postgresql":
+            return self._upsert_by_token_pg(result)
         statement = self._dialect().insert(RESULTS).values(_row(result))
         statement = statement.on_conflict_do_update(
             index_elements=[RESULTS.c.raw_token],
@@ -330,6 +349,33 @@ class Archive:
         with self._writing(f"cannot store re-extracted result {result.id}") as conn:
             stored_id, target, monitor, probe, started_at = conn.execute(statement).one()
             # The stored row keeps its own start: that day is the one to recompute.
+            rollup.refresh(conn, [(target, monitor, probe, rollup.day_of(started_at))])
+            return str(stored_id)
+
+    def _upsert_by_token_pg(self, result: Result) -> str:
+        """``upsert_by_token`` on PostgreSQL, where ``results`` is partitioned and so has no key
+        on ``raw_token`` alone (iepm/store/partitions.py): the token is locked for the
+        transaction, then the stored row updated, or the new one inserted."""
+        row = _row(result)
+        columns = RESULTS.c
+        found = (
+            update(RESULTS)
+            .where(columns.raw_token == result.raw_token)
+            .values({key: row[key] for key in REEXTRACTED})
+            .returning(
+                columns.id, columns.target, columns.monitor, columns.probe, columns.started_at
+            )
+        )
+        with self._writing(f"cannot store re-extracted result {result.id}") as conn:
+            conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(result.raw_token))))
+            stored = conn.execute(found).first()
+            if stored is None:
+                conn.execute(insert(RESULTS), row)
+                stored_id, target, monitor, probe, started_at = (
+                    row["id"], row["target"], row["monitor"], row["probe"], row["started_at"]
+                )  # fmt: skip
+            else:
+                stored_id, target, monitor, probe, started_at = stored
             rollup.refresh(conn, [(target, monitor, probe, rollup.day_of(started_at))])
             return str(stored_id)
 

@@ -9,6 +9,11 @@ Deletes go in batches of ``BATCH`` rows, each its own transaction: a prune of a 
 never holds the SQLite write lock (or a PostgreSQL transaction) for long, so a running monitor
 keeps writing, and an interrupted prune has removed whole batches, nothing half.
 
+On PostgreSQL, where ``results`` is partitioned by month (iepm/store/partitions.py), a month
+that lies wholly before the cutoff is dropped whole, partition and rows at once, each in its own
+short transaction; only the month the cutoff falls in (and rows the default partition holds)
+are deleted in batches.
+
 Raw logs (``LOGDIR/YYYY-MM-DD/*.log``) older than the retention are removed with their day;
 those older than ``compress_after_days`` are gzip-compressed in place (``.log.gz``, which
 ``iepm extract`` reads as well). A compression is written beside the log, fsynced, and renamed
@@ -28,6 +33,7 @@ from pathlib import Path
 
 from sqlalchemy import Table, delete, func, select
 
+from iepm.store import partitions
 from iepm.store.archive import Archive
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import flows as FLOWS
@@ -44,6 +50,7 @@ class PruneReport:
     results_by_probe: Counter[str] = field(default_factory=Counter)
     cycles: int = 0
     flows: int = 0
+    partitions_dropped: list[str] = field(default_factory=list)
     log_days_removed: list[str] = field(default_factory=list)
     log_bytes_removed: int = 0
     logs_compressed: int = 0
@@ -60,6 +67,15 @@ class PruneReport:
         out = [
             f"{verb} {self.results} results older than {cut}"
             + (f" ({by_probe})" if by_probe else ""),
+            *(
+                [
+                    f"{'would drop' if self.dry_run else 'dropped'} "
+                    f"{len(self.partitions_dropped)} whole month partitions of results: "
+                    + ", ".join(self.partitions_dropped)
+                ]
+                if self.partitions_dropped
+                else []
+            ),
             f"{verb} {self.cycles} scheduler cycles and {self.flows} flow records",
             "kept: daily summaries (all days), alerts, studies",
         ]
@@ -89,7 +105,7 @@ def prune(
     now = now or datetime.now(UTC)
     cutoff = now - timedelta(days=keep_days)
     report = PruneReport(cutoff=cutoff, dry_run=dry_run)
-    report.results_by_probe = _results(archive, cutoff, dry_run)
+    report.results_by_probe, report.partitions_dropped = _results(archive, cutoff, dry_run, now)
     report.cycles = _rows(archive, CYCLES, CYCLES.c.started_at < cutoff, dry_run)
     cutoff_ms = int(cutoff.timestamp() * 1000)
     report.flows = _rows(archive, FLOWS, FLOWS.c.start_ms < cutoff_ms, dry_run)
@@ -98,17 +114,28 @@ def prune(
     return report
 
 
-def _results(archive: Archive, cutoff: datetime, dry_run: bool) -> Counter[str]:
+def _results(
+    archive: Archive, cutoff: datetime, dry_run: bool, now: datetime
+) -> tuple[Counter[str], list[str]]:
     old = RESULTS.c.started_at < cutoff
+    whole: list[partitions.Month] = []
+    if not dry_run:
+        with archive.writing("cannot make the partitions of results") as conn:
+            partitions.ensure(conn, max(now, datetime.now(UTC)))
     with archive.reading("cannot count old results") as conn:
         counts = Counter(
             {p: int(n) for p, n in conn.execute(
                 select(RESULTS.c.probe, func.count()).where(old).group_by(RESULTS.c.probe)
             )}
         )  # fmt: skip
+        if partitions.is_partitioned(conn):
+            whole = partitions.before(conn, cutoff)
     if not dry_run:
+        for month in whole:
+            with archive.writing(f"cannot drop partition {month.name}") as conn:
+                partitions.drop(conn, month)
         _rows(archive, RESULTS, old, dry_run=False)
-    return counts
+    return counts, [month.name for month in whole]
 
 
 def _rows(archive: Archive, table: Table, old: object, dry_run: bool) -> int:
@@ -120,7 +147,8 @@ def _rows(archive: Archive, table: Table, old: object, dry_run: bool) -> int:
     while True:
         with archive.writing(f"cannot prune {table.name}") as conn:
             batch = select(key).where(old).limit(BATCH)  # type: ignore[arg-type]
-            n = conn.execute(delete(table).where(key.in_(batch))).rowcount
+            # ``old`` outside too: on a partitioned table only the partitions it spans are read.
+            n = conn.execute(delete(table).where(old, key.in_(batch))).rowcount  # type: ignore[arg-type]
         removed += n
         if n < BATCH:
             return removed
