@@ -19,6 +19,7 @@ common start; the baseline is one such process alone, in the same run.
 
     .venv/bin/python benchmarks/mesh_scale.py [--hosts 50] [--days 90] [--seconds 10]
         [--writers 50] [--write-seconds 10] [--db URL (an existing archive: no build)]
+        [--db URL --build (build into that empty archive, then measure: re-measure with --db)]
 """
 
 from __future__ import annotations
@@ -246,7 +247,12 @@ def main() -> None:
     parser.add_argument("--write-seconds", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--db", help="an existing PostgreSQL archive (built before): no build")
+    parser.add_argument(
+        "--build", action="store_true", help="with --db: build into that (empty) archive first"
+    )
     args = parser.parse_args()
+    if args.build and not args.db:
+        parser.error("--build goes with --db (without --db the archive is always built)")
     webbench.set_clients(args.clients)
     out: dict[str, Any] = {
         "benchmark": "mesh_scale", "hosts": args.hosts, "days": args.days,
@@ -254,7 +260,7 @@ def main() -> None:
     }  # fmt: skip
 
     def run(url: str) -> None:
-        if args.db is None:
+        if args.db is None or args.build:
             out["build"] = build(url, args.hosts, args.days, args.seed)
             print(json.dumps(out["build"]), file=sys.stderr)
         out["pages"] = measure(url, args.seconds, args.seed)
