@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
@@ -386,8 +386,11 @@ class Archive:
         count = 0
         with self._writing("cannot add spooled results") as conn:
             insert_new = self._dialect().insert(RESULTS).on_conflict_do_nothing()
+            partitioned = partitions.is_partitioned(conn)
             for result in results:
                 row = _row(result)
+                if partitioned and _stored_near(conn, result):
+                    continue
                 if conn.execute(insert_new.values(row).returning(RESULTS.c.id)).first():
                     rollup.accumulate(conn, _summarised([row]))
                     count += 1
@@ -560,6 +563,30 @@ class Archive:
             rows = conn.execute(query.execution_options(yield_per=STREAM_BATCH))
             for row in rows.mappings():
                 yield convert(row)
+
+
+# A spooled result's start is its envelope's, cut to the millisecond; the stored row has the
+# full precision. Within this much of each other, the same id is the same result.
+SPOOL_PRECISION = timedelta(seconds=1)
+
+
+def _stored_near(conn: Connection, result: Result) -> bool:
+    """Whether the result is stored already, on a partitioned ``results`` (PostgreSQL), whose
+    key is ``(id, started_at)``: the spool's copy of a stored result has its id but a start cut
+    to the millisecond, so the key alone would store it twice. The id is locked for the
+    transaction (two flushes of one spool at once store it once), and the look-up reads only
+    the partitions around its start."""
+    conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(result.id))))
+    near = (
+        select(RESULTS.c.id)
+        .where(
+            RESULTS.c.id == result.id,
+            RESULTS.c.started_at > result.started_at - SPOOL_PRECISION,
+            RESULTS.c.started_at < result.started_at + SPOOL_PRECISION,
+        )
+        .limit(1)
+    )
+    return conn.execute(near).first() is not None
 
 
 def _summarised(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, datetime, str, Any]]:
