@@ -11,6 +11,8 @@ import pytest
 from alembic import command
 from sqlalchemy import Engine, func, select, text
 
+from iepm.flows.decode import Flow
+from iepm.flows.store import add_flows, read_flows
 from iepm.results import Result
 from iepm.store import Archive, partitions, retention
 from iepm.store.archive import alembic_config, connect_engine
@@ -49,6 +51,14 @@ def spread(months: int, per_month: int = 3) -> list[Result]:
     return out
 
 
+def flows_at(moments: list[datetime]) -> list[Flow]:
+    return [
+        Flow("198.18.0.1", 0, 10, "198.18.0.2", "198.18.0.3", 40000 + k, 5201, 6, 1500 * k, k,
+             int(moment.timestamp() * 1000), int(moment.timestamp() * 1000) + 900, 1)
+        for k, moment in enumerate(moments, start=1)
+    ]  # fmt: skip
+
+
 def shape(engine: Engine) -> tuple[str, list[str], list[str]]:
     """results' kind (``p`` partitioned, ``r`` plain), primary key and raw-token key columns."""
     with engine.connect() as conn:
@@ -84,8 +94,10 @@ def test_an_archive_holding_results_upgrades_and_downgrades_keeping_every_row(
         config.attributes["connection"] = conn
         command.upgrade(config, "0008")
     written = spread(5)
+    flows = flows_at([r.started_at for r in written])
     with Archive(connect_engine(pg_url)) as at_0008:  # ready: no upgrade on open
         at_0008.add_many(written)
+        assert add_flows(at_0008, flows, "test") == len(flows)
         daily_before = _daily(at_0008)
     assert shape(engine) == ("r", ["id"], ["raw_token"])
 
@@ -95,8 +107,14 @@ def test_an_archive_holding_results_upgrades_and_downgrades_keeping_every_row(
         with archive.reading("test") as conn:
             have = set(partitions.months(conn))
             in_default = conn.exec_driver_sql("SELECT count(*) FROM results_default").scalar()
+            flow_months = set(partitions.months(conn, partitions.FLOWS))
+            flows_in_default = conn.exec_driver_sql("SELECT count(*) FROM flows_default").scalar()
+        assert list(read_flows(archive)) == sorted(flows, key=lambda f: f.start_ms)
+        assert add_flows(archive, flows, "again") == 0  # a record met twice is one row
     assert shape(engine) == ("p", ["id", "started_at"], ["raw_token", "started_at"])
     assert {partitions.Month.of(r.started_at) for r in written} <= have
+    assert {partitions.Month.of(r.started_at) for r in written} <= flow_months
+    assert flows_in_default == 0
     assert partitions.Month.of(NOW).next().next() in have  # made ahead
     assert in_default == 0
 
@@ -106,9 +124,13 @@ def test_an_archive_holding_results_upgrades_and_downgrades_keeping_every_row(
     assert shape(engine) == ("r", ["id"], ["raw_token"])
     with Archive(connect_engine(pg_url)) as archive:
         assert stored(archive) == sorted(written, key=lambda r: r.id)
+        assert list(read_flows(archive)) == sorted(flows, key=lambda f: f.start_ms)
         with archive.reading("test") as conn:
             assert partitions.partitions(conn) == []
-            tables = conn.execute(text("SELECT count(*) FROM pg_class WHERE relname ~ '^results_'"))
+            assert partitions.partitions(conn, partitions.FLOWS) == []
+            tables = conn.execute(
+                text("SELECT count(*) FROM pg_class WHERE relname ~ '^(results|flows)_'")
+            )
             assert tables.scalar_one() == 0  # no partition, no table set aside, left behind
 
 
@@ -168,10 +190,12 @@ def test_prune_drops_whole_old_months_and_deletes_the_boundary_month_in_batches(
         sample.ping(started_at=start + timedelta(days=d), raw_token=f"d{d}")
         for d in range((now - start).days)
     ]
+    flows = flows_at([r.started_at for r in written])
     with Archive.open(pg_url) as archive:
         with archive.writing("test") as conn:
             partitions.create(conn, partitions.spanning(start, now))
         archive.add_many(written)
+        add_flows(archive, flows, "test")  # into flows_default: prune first gives them months
         daily_before = _daily(archive)
         cutoff = now - timedelta(days=100)  # 12 August
         dry = retention.prune(archive, keep_days=100, now=now, dry_run=True)
@@ -181,11 +205,14 @@ def test_prune_drops_whole_old_months_and_deletes_the_boundary_month_in_batches(
         report = retention.prune(archive, keep_days=100, now=now)
         kept = [r for r in written if r.started_at >= cutoff]
         assert report.results == len(written) - len(kept)
-        assert report.partitions_dropped == ["results_2026_06", "results_2026_07"]
-        assert "dropped 2 whole month partitions of results: results_2026_06, results_2026_07" in (
-            report.lines()
-        )
+        assert report.flows == len(written) - len(kept)
+        old_months = ["results_2026_06", "results_2026_07", "flows_2026_06", "flows_2026_07"]
+        assert report.partitions_dropped == old_months
+        assert f"dropped 4 whole month partitions: {', '.join(old_months)}" in report.lines()
         assert stored(archive) == sorted(kept, key=lambda r: r.id)
+        assert [f.start_ms for f in read_flows(archive)] == [
+            int(r.started_at.timestamp() * 1000) for r in kept
+        ]
         with archive.reading("test") as conn:
             have = partitions.months(conn)
         assert partitions.Month(2026, 8) in have and partitions.Month(2026, 7) not in have

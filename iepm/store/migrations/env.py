@@ -20,8 +20,8 @@ from iepm.store.schema import metadata
 
 
 def _named(name: str | None, type_: str, _parents: Mapping[str, Any]) -> bool:
-    """Autogenerate does not compare the partitions of ``results``: tables of their own to
-    PostgreSQL, made and dropped by iepm/store/partitions.py, not by migrations."""
+    """Autogenerate does not compare the month partitions of ``results`` and ``flows``: tables
+    of their own to PostgreSQL, made and dropped by iepm/store/partitions.py, not by migrations."""
     return not (type_ == "table" and partitions.is_partition_name(name or ""))
 
 
