@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, make_url, select, text
 
 from iepm.flows.decode import Flow
 from iepm.flows.store import add_flows, read_flows
@@ -229,3 +229,34 @@ def test_sqlite_keeps_its_plain_table(archive_url: str) -> None:
             assert not partitions.is_partitioned(conn)
         report = retention.prune(archive, keep_days=30)
     assert (report.results, report.partitions_dropped) == (1, [])
+
+
+@pg
+def test_a_role_that_may_not_create_tables_still_opens_and_writes(pg_url: str) -> None:
+    """Such a role (say, a web server's) skips making partitions; its rows land in the default
+    partition, and the owner's next open moves them to their month."""
+    ahead = partitions.Month.of(NOW).next().next()
+    with Archive.open(pg_url) as archive, archive.writing("test") as conn:
+        conn.exec_driver_sql(f"DROP TABLE {partitions.RESULTS.name(ahead)}")
+        role = "iepm_writer_" + pg_url.rsplit("/", 1)[1][-12:]
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN PASSWORD 'secret-{role}'")
+        conn.exec_driver_sql(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+        )
+    limited = make_url(pg_url).set(username=role, password=f"secret-{role}")
+    late = sample.ping(started_at=ahead.start + timedelta(days=3))
+    try:
+        with Archive.open(limited.render_as_string(hide_password=False)) as archive:
+            archive.add(late)
+            with archive.reading("test") as conn:
+                assert ahead not in partitions.months(conn)
+        with Archive.open(pg_url) as archive:
+            assert stored(archive) == [late]
+            with archive.reading("test") as conn:
+                assert ahead in partitions.months(conn)
+                rows = conn.exec_driver_sql(f"SELECT id FROM {partitions.RESULTS.name(ahead)}")
+                assert rows.scalars().all() == [late.id]
+    finally:
+        with Archive.open(pg_url) as archive, archive.writing("test") as conn:
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
