@@ -19,6 +19,7 @@ common start; the baseline is one such process alone, in the same run.
 
     .venv/bin/python benchmarks/mesh_scale.py [--hosts 50] [--days 90] [--seconds 10]
         [--writers 50] [--write-seconds 10] [--db URL (an existing archive: no build)]
+        [--db URL --build (build into that empty archive, then measure: re-measure with --db)]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import web as webbench  # benchmarks/web.py: wrk load, server start, private PostgreSQL
 
 from iepm.results import Result, format_time, new_result_id
-from iepm.store import Archive, rollup
+from iepm.store import Archive, partitions, rollup
 
 STEP = timedelta(minutes=90)
 END = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
@@ -135,6 +136,10 @@ def build(url: str, n: int, days: int, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     count = 1
     with Archive.open(url) as archive, archive.writing("building the benchmark archive") as conn:
+        # One COPY of millions of rows, then the rollups: longer than the archive's deadline.
+        conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
+        # Rows land in their month's partition (iepm/store/partitions.py), not the default one.
+        partitions.create(conn, partitions.spanning(END - timedelta(days=days), END))
         raw = conn.connection.driver_connection
         with raw.cursor() as cur, cur.copy(f"COPY results ({', '.join(COLUMNS)}) FROM STDIN") as cp:  # type: ignore[union-attr]
             cp.write_row(first)
@@ -244,7 +249,12 @@ def main() -> None:
     parser.add_argument("--write-seconds", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--db", help="an existing PostgreSQL archive (built before): no build")
+    parser.add_argument(
+        "--build", action="store_true", help="with --db: build into that (empty) archive first"
+    )
     args = parser.parse_args()
+    if args.build and not args.db:
+        parser.error("--build goes with --db (without --db the archive is always built)")
     webbench.set_clients(args.clients)
     out: dict[str, Any] = {
         "benchmark": "mesh_scale", "hosts": args.hosts, "days": args.days,
@@ -252,7 +262,7 @@ def main() -> None:
     }  # fmt: skip
 
     def run(url: str) -> None:
-        if args.db is None:
+        if args.db is None or args.build:
             out["build"] = build(url, args.hosts, args.days, args.seed)
             print(json.dumps(out["build"]), file=sys.stderr)
         out["pages"] = measure(url, args.seconds, args.seed)

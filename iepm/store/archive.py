@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
@@ -41,13 +41,14 @@ from sqlalchemy import (
     insert,
     make_url,
     select,
+    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from iepm.errors import StoreError
 from iepm.results import Outcome, Purpose, Result, format_time, new_result_id
-from iepm.store import rollup
+from iepm.store import partitions, rollup
 from iepm.store.filters import result_conditions
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import results as RESULTS
@@ -198,6 +199,7 @@ def _upgrade(engine: Engine) -> None:
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
     if current == head:
+        _partition(engine)
         return
     if current is not None:
         try:
@@ -216,6 +218,21 @@ def _upgrade(engine: Engine) -> None:
                 conn.execute(select(func.pg_advisory_xact_lock(PG_MIGRATION_LOCK)))
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
+    _partition(engine)
+
+
+def _partition(engine: Engine) -> None:
+    """On PostgreSQL, the month partitions of ``results`` ahead of now (iepm/store/partitions.py).
+    A role that may not create tables skips it: its rows land in the default partition, and the
+    next open or prune by the archive's owner moves them into months of their own."""
+    if engine.dialect.name != "postgresql":
+        return
+    try:
+        with engine.begin() as conn:
+            partitions.ensure(conn)
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) != "42501":  # insufficient_privilege
+            raise
 
 
 def _row(result: Result) -> dict[str, Any]:
@@ -320,6 +337,8 @@ class Archive:
         Returns the id of the stored row."""
         if result.raw_token is None:
             raise ValueError(f"result {result.id} has no raw_token to match a stored run by")
+        if self._engine.dialect.name == "postgresql":
+            return self._upsert_by_token_pg(result)
         statement = self._dialect().insert(RESULTS).values(_row(result))
         statement = statement.on_conflict_do_update(
             index_elements=[RESULTS.c.raw_token],
@@ -333,6 +352,33 @@ class Archive:
             rollup.refresh(conn, [(target, monitor, probe, rollup.day_of(started_at))])
             return str(stored_id)
 
+    def _upsert_by_token_pg(self, result: Result) -> str:
+        """``upsert_by_token`` on PostgreSQL, where ``results`` is partitioned and so has no key
+        on ``raw_token`` alone (iepm/store/partitions.py): the token is locked for the
+        transaction, then the stored row updated, or the new one inserted."""
+        row = _row(result)
+        columns = RESULTS.c
+        found = (
+            update(RESULTS)
+            .where(columns.raw_token == result.raw_token)
+            .values({key: row[key] for key in REEXTRACTED})
+            .returning(
+                columns.id, columns.target, columns.monitor, columns.probe, columns.started_at
+            )
+        )
+        with self._writing(f"cannot store re-extracted result {result.id}") as conn:
+            conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(result.raw_token))))
+            stored = conn.execute(found).first()
+            if stored is None:
+                conn.execute(insert(RESULTS), row)
+                stored_id, target, monitor, probe, started_at = (
+                    row["id"], row["target"], row["monitor"], row["probe"], row["started_at"]
+                )  # fmt: skip
+            else:
+                stored_id, target, monitor, probe, started_at = stored
+            rollup.refresh(conn, [(target, monitor, probe, rollup.day_of(started_at))])
+            return str(stored_id)
+
     def add_new(self, results: Iterable[Result]) -> int:
         """Store the results not stored yet (by id or raw token), in one transaction; returns
         how many were new. For writing back a spool: a result already in the archive (e.g.
@@ -340,8 +386,11 @@ class Archive:
         count = 0
         with self._writing("cannot add spooled results") as conn:
             insert_new = self._dialect().insert(RESULTS).on_conflict_do_nothing()
+            partitioned = partitions.is_partitioned(conn)
             for result in results:
                 row = _row(result)
+                if partitioned and _stored_near(conn, result):
+                    continue
                 if conn.execute(insert_new.values(row).returning(RESULTS.c.id)).first():
                     rollup.accumulate(conn, _summarised([row]))
                     count += 1
@@ -514,6 +563,30 @@ class Archive:
             rows = conn.execute(query.execution_options(yield_per=STREAM_BATCH))
             for row in rows.mappings():
                 yield convert(row)
+
+
+# A spooled result's start is its envelope's, cut to the millisecond; the stored row has the
+# full precision. Within this much of each other, the same id is the same result.
+SPOOL_PRECISION = timedelta(seconds=1)
+
+
+def _stored_near(conn: Connection, result: Result) -> bool:
+    """Whether the result is stored already, on a partitioned ``results`` (PostgreSQL), whose
+    key is ``(id, started_at)``: the spool's copy of a stored result has its id but a start cut
+    to the millisecond, so the key alone would store it twice. The id is locked for the
+    transaction (two flushes of one spool at once store it once), and the look-up reads only
+    the partitions around its start."""
+    conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(result.id))))
+    near = (
+        select(RESULTS.c.id)
+        .where(
+            RESULTS.c.id == result.id,
+            RESULTS.c.started_at > result.started_at - SPOOL_PRECISION,
+            RESULTS.c.started_at < result.started_at + SPOOL_PRECISION,
+        )
+        .limit(1)
+    )
+    return conn.execute(near).first() is not None
 
 
 def _summarised(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, datetime, str, Any]]:

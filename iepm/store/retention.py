@@ -9,6 +9,11 @@ Deletes go in batches of ``BATCH`` rows, each its own transaction: a prune of a 
 never holds the SQLite write lock (or a PostgreSQL transaction) for long, so a running monitor
 keeps writing, and an interrupted prune has removed whole batches, nothing half.
 
+On PostgreSQL, where ``results`` and ``flows`` are partitioned by month
+(iepm/store/partitions.py), a month that lies wholly before the cutoff is dropped whole,
+partition and rows at once, each in its own short transaction; only the month the cutoff falls
+in is deleted in batches.
+
 Raw logs (``LOGDIR/YYYY-MM-DD/*.log``) older than the retention are removed with their day;
 those older than ``compress_after_days`` are gzip-compressed in place (``.log.gz``, which
 ``iepm extract`` reads as well). A compression is written beside the log, fsynced, and renamed
@@ -28,6 +33,7 @@ from pathlib import Path
 
 from sqlalchemy import Table, delete, func, select
 
+from iepm.store import partitions
 from iepm.store.archive import Archive
 from iepm.store.schema import cycles as CYCLES
 from iepm.store.schema import flows as FLOWS
@@ -44,6 +50,7 @@ class PruneReport:
     results_by_probe: Counter[str] = field(default_factory=Counter)
     cycles: int = 0
     flows: int = 0
+    partitions_dropped: list[str] = field(default_factory=list)
     log_days_removed: list[str] = field(default_factory=list)
     log_bytes_removed: int = 0
     logs_compressed: int = 0
@@ -60,6 +67,15 @@ class PruneReport:
         out = [
             f"{verb} {self.results} results older than {cut}"
             + (f" ({by_probe})" if by_probe else ""),
+            *(
+                [
+                    f"{'would drop' if self.dry_run else 'dropped'} "
+                    f"{len(self.partitions_dropped)} whole month partitions: "
+                    + ", ".join(self.partitions_dropped)
+                ]
+                if self.partitions_dropped
+                else []
+            ),
             f"{verb} {self.cycles} scheduler cycles and {self.flows} flow records",
             "kept: daily summaries (all days), alerts, studies",
         ]
@@ -89,26 +105,44 @@ def prune(
     now = now or datetime.now(UTC)
     cutoff = now - timedelta(days=keep_days)
     report = PruneReport(cutoff=cutoff, dry_run=dry_run)
-    report.results_by_probe = _results(archive, cutoff, dry_run)
+    if not dry_run:  # rows a default partition caught go to their months first
+        with archive.writing("cannot make the month partitions") as conn:
+            partitions.ensure(conn, max(now, datetime.now(UTC)))
+    old_results = RESULTS.c.started_at < cutoff
+    with archive.reading("cannot count old results") as conn:
+        report.results_by_probe = Counter(
+            {p: int(n) for p, n in conn.execute(
+                select(RESULTS.c.probe, func.count()).where(old_results).group_by(RESULTS.c.probe)
+            )}
+        )  # fmt: skip
     report.cycles = _rows(archive, CYCLES, CYCLES.c.started_at < cutoff, dry_run)
-    cutoff_ms = int(cutoff.timestamp() * 1000)
-    report.flows = _rows(archive, FLOWS, FLOWS.c.start_ms < cutoff_ms, dry_run)
+    old_flows = FLOWS.c.start_ms < int(cutoff.timestamp() * 1000)
+    report.flows = _rows(archive, FLOWS, old_flows, dry_run=True)
+    for scheme, table, old in (
+        (partitions.RESULTS, RESULTS, old_results),
+        (partitions.FLOWS, FLOWS, old_flows),
+    ):
+        report.partitions_dropped += _months(archive, scheme, cutoff, dry_run)
+        if not dry_run:
+            _rows(archive, table, old, dry_run=False)
     if log_dir is not None:
         _logs(log_dir, report, cutoff.date(), compress_after_days, now, dry_run)
     return report
 
 
-def _results(archive: Archive, cutoff: datetime, dry_run: bool) -> Counter[str]:
-    old = RESULTS.c.started_at < cutoff
-    with archive.reading("cannot count old results") as conn:
-        counts = Counter(
-            {p: int(n) for p, n in conn.execute(
-                select(RESULTS.c.probe, func.count()).where(old).group_by(RESULTS.c.probe)
-            )}
-        )  # fmt: skip
-    if not dry_run:
-        _rows(archive, RESULTS, old, dry_run=False)
-    return counts
+def _months(
+    archive: Archive, scheme: partitions.Scheme, cutoff: datetime, dry_run: bool
+) -> list[str]:
+    """Drop the table's month partitions that lie wholly before ``cutoff``, each in its own
+    transaction; returns their names."""
+    with archive.reading(f"cannot list the partitions of {scheme.table}") as conn:
+        if not partitions.is_partitioned(conn, scheme):
+            return []
+        whole = partitions.before(conn, cutoff, scheme)
+    for month in [] if dry_run else whole:
+        with archive.writing(f"cannot drop partition {scheme.name(month)}") as conn:
+            partitions.drop(conn, month, scheme)
+    return [scheme.name(month) for month in whole]
 
 
 def _rows(archive: Archive, table: Table, old: object, dry_run: bool) -> int:
@@ -120,7 +154,8 @@ def _rows(archive: Archive, table: Table, old: object, dry_run: bool) -> int:
     while True:
         with archive.writing(f"cannot prune {table.name}") as conn:
             batch = select(key).where(old).limit(BATCH)  # type: ignore[arg-type]
-            n = conn.execute(delete(table).where(key.in_(batch))).rowcount
+            # ``old`` outside too: on a partitioned table only the partitions it spans are read.
+            n = conn.execute(delete(table).where(old, key.in_(batch))).rowcount  # type: ignore[arg-type]
         removed += n
         if n < BATCH:
             return removed
