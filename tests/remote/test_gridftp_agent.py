@@ -116,7 +116,11 @@ def test_a_memory_copy_through_the_agent_succeeds_and_leaves_nothing(
     result = asyncio.run(gridftp_mem.run(spec, context(gridftp_agent)))
     assert result.succeeded, f"{result.error}\n{result.diags}"
     assert result.data["bytes"] == 64 * 1024**2 and result.data["streams"] == 2
-    assert result.data["throughput_bps"] > 0 and result.data["tool_throughput_bps"] > 0
+    assert result.data["throughput_bps"] > 0
+    # globus-url-copy prints its -vb average about once a second: a quick loopback copy may end
+    # before the first line, and then the tool reported nothing (None, not a made-up figure).
+    tool_bps = result.data["tool_throughput_bps"]
+    assert tool_bps > 0 if result.data["transfer_s"] >= 2.0 else tool_bps is None or tool_bps > 0
     assert 0 < result.data["connect_s"] <= result.data["setup_s"]
     assert "agent http://127.0.0.1" in result.diags and "slot" in result.diags
     assert result.tool_version is not None and "10.12" in result.tool_version
