@@ -20,6 +20,7 @@ from iepm.lab.testing import LabFactory
 from iepm.probes import gridftp_disk, gridftp_mem, iperf3, rsync_mem, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
+from tests.lab.copylab import agent_context, lab_agent
 from tests.remote.conftest import RunningAgent, running_agent, wait_until
 from tests.slowdisk import slow_disk
 
@@ -48,35 +49,12 @@ def lab(module_lab_factory: LabFactory) -> Lab:
 
 @pytest.fixture(scope="module")
 def agent(lab: Lab) -> Iterator[RunningAgent]:
-    base = Path(tempfile.mkdtemp(prefix="iepm-gf-", dir="/var/tmp"))
-    memory = Path(tempfile.mkdtemp(prefix="iepm-gf-mem-", dir="/dev/shm"))
-    for path in (base, memory):
-        path.chmod(0o755)  # the anonymous login runs as nobody, who must reach the slots
-    try:
-        with running_agent(
-            base,
-            address=lab.address("tx"),
-            port=AGENT_PORT,
-            netns=lab.netns("tx"),
-            settings={"memory_dir": str(memory / "slots")},
-            kinds=("iperf3", "gridftp"),
-        ) as running:
-            (base / "state").chmod(0o755)
-            yield running
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(memory, ignore_errors=True)
+    with lab_agent(lab, "tx", AGENT_PORT, ("iperf3", "gridftp"), "gf") as running:
+        yield running
 
 
 def context(lab: Lab, agent: RunningAgent) -> ProbeContext:
-    access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
-    return ProbeContext(
-        target="tx",
-        address=lab.address("tx"),
-        monitor="mon1",
-        netns=lab.netns("mon"),
-        servers=server_source(access),
-    )
+    return agent_context(agent, "tx", lab.address("tx"), lab.netns("mon"))
 
 
 def test_gridftp_memory_copy_against_tuned_iperf3(lab: Lab, agent: RunningAgent) -> None:
@@ -258,11 +236,4 @@ def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
 
 
 def context_for(lab: Lab, agent: RunningAgent, target: str) -> ProbeContext:
-    access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
-    return ProbeContext(
-        target=target,
-        address=lab.address(target),
-        monitor="mon1",
-        netns=lab.netns("mon"),
-        servers=server_source(access),
-    )
+    return agent_context(agent, target, lab.address(target), lab.netns("mon"))

@@ -21,6 +21,7 @@ from iepm.probes import iperf3, rsync_disk, rsync_mem, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from tests.helpers import free_port
+from tests.lab.copylab import agent_context, lab_agent
 from tests.remote.conftest import RunningAgent, running_agent, wait_until
 from tests.remote.sshd import private_sshd
 from tests.slowdisk import SlowDisk, slow_disk
@@ -47,35 +48,12 @@ def lab(module_lab_factory: LabFactory) -> Lab:
 
 @pytest.fixture(scope="module")
 def agent(lab: Lab) -> Iterator[RunningAgent]:
-    base = Path(tempfile.mkdtemp(prefix="iepm-xf-", dir="/var/tmp"))
-    memory = Path(tempfile.mkdtemp(prefix="iepm-xf-mem-", dir="/dev/shm"))
-    for path in (base, memory):
-        path.chmod(0o755)  # the agent runs xrootd as nobody, who must reach the slots
-    try:
-        with running_agent(
-            base,
-            address=lab.address("tx"),
-            port=AGENT_PORT,
-            netns=lab.netns("tx"),
-            settings={"memory_dir": str(memory / "slots")},
-            kinds=("iperf3", "xrootd"),
-        ) as running:
-            (base / "state").chmod(0o755)
-            yield running
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(memory, ignore_errors=True)
+    with lab_agent(lab, "tx", AGENT_PORT, ("iperf3", "xrootd"), "xf") as running:
+        yield running
 
 
 def context(lab: Lab, agent: RunningAgent) -> ProbeContext:
-    access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
-    return ProbeContext(
-        target="tx",
-        address=lab.address("tx"),
-        monitor="mon1",
-        netns=lab.netns("mon"),
-        servers=server_source(access),
-    )
+    return agent_context(agent, "tx", lab.address("tx"), lab.netns("mon"))
 
 
 def test_memory_copy_reaches_90_percent_of_tuned_iperf3(lab: Lab, agent: RunningAgent) -> None:
