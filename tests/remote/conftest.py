@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -237,3 +239,30 @@ def wait_until(predicate: Any, timeout_s: float, step_s: float = 0.1) -> bool:
             return True
         time.sleep(step_s)
     return bool(predicate())
+
+
+@contextlib.contextmanager
+def copy_agent(memory_dir: Path, kinds: tuple[str, ...], prefix: str) -> Iterator[RunningAgent]:
+    """An agent leasing copy servers: its state on disk under /var/tmp and its memory slots
+    under ``memory_dir``, both reachable by the servers' user (nobody, under root) all the way
+    down — pytest's own temporary directories are 0700."""
+    base = Path(tempfile.mkdtemp(prefix=f"iepm-{prefix}-", dir="/var/tmp"))
+    base.chmod(0o755)
+    try:
+        with running_agent(
+            base, settings={"memory_dir": str(memory_dir / "slots")}, kinds=kinds
+        ) as agent:
+            (base / "state").chmod(0o755)
+            yield agent
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def files_under(root: Path) -> list[Path]:
+    """Everything below ``root``, listed again when the agent removes a directory while it is
+    being listed."""
+    while True:
+        try:
+            return list(root.rglob("*")) if root.exists() else []
+        except FileNotFoundError:
+            continue

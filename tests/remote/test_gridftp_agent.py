@@ -24,7 +24,13 @@ from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Outcome, Result
 from tests.fixtures.gridftp.server import plain_gridftp
-from tests.remote.conftest import RunningAgent, running_agent, wait_until
+from tests.remote.conftest import (
+    RunningAgent,
+    copy_agent,
+    files_under,
+    running_agent,
+    wait_until,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("globus-gridftp-server") is None or shutil.which("globus-url-copy") is None,
@@ -45,16 +51,8 @@ def memory_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def gridftp_agent(memory_dir: Path) -> Iterator[RunningAgent]:
-    base = Path(tempfile.mkdtemp(prefix="iepm-ga-", dir="/var/tmp"))
-    base.chmod(0o755)
-    try:
-        with running_agent(
-            base, settings={"memory_dir": str(memory_dir / "slots")}, kinds=("gridftp",)
-        ) as agent:
-            (base / "state").chmod(0o755)
-            yield agent
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with copy_agent(memory_dir, ("gridftp",), "ga") as agent:
+        yield agent
 
 
 def is_server(process: psutil.Process) -> bool:
@@ -72,15 +70,6 @@ def servers_of(agent: RunningAgent) -> list[psutil.Process]:
             if is_server(child) and child.status() != psutil.STATUS_ZOMBIE:
                 alive.append(child)
     return alive
-
-
-def files_under(root: Path) -> list[Path]:
-    """Everything below ``root``; a directory removed while it is listed counts as still there
-    (the caller waits and looks again)."""
-    try:
-        return list(root.rglob("*")) if root.exists() else []
-    except FileNotFoundError:
-        return [root]
 
 
 def slot_files(memory_dir: Path) -> list[Path]:

@@ -20,7 +20,13 @@ from iepm.probes import xrdcp, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Outcome
-from tests.remote.conftest import RunningAgent, running_agent, wait_until
+from tests.remote.conftest import (
+    RunningAgent,
+    copy_agent,
+    files_under,
+    running_agent,
+    wait_until,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("xrootd") is None, reason="xrootd-server missing")
 
@@ -38,20 +44,8 @@ def memory_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def xrootd_agent(memory_dir: Path) -> Iterator[RunningAgent]:
-    # On disk, and reachable by the server's user (nobody, under root) all the way down:
-    # pytest's own temporary directories are 0700.
-    base = Path(tempfile.mkdtemp(prefix="iepm-xa-", dir="/var/tmp"))
-    base.chmod(0o755)
-    try:
-        with running_agent(
-            base,
-            settings={"memory_dir": str(memory_dir / "slots")},
-            kinds=("iperf3", "xrootd"),
-        ) as agent:
-            (base / "state").chmod(0o755)
-            yield agent
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with copy_agent(memory_dir, ("iperf3", "xrootd"), "xa") as agent:
+        yield agent
 
 
 def xrootd_children(agent: RunningAgent) -> list[psutil.Process]:
@@ -65,12 +59,7 @@ def xrootd_children(agent: RunningAgent) -> list[psutil.Process]:
 
 
 def slot_files(memory_dir: Path) -> list[Path]:
-    slots = memory_dir / "slots"
-    while True:
-        try:
-            return list(slots.rglob("*")) if slots.exists() else []
-        except FileNotFoundError:  # the agent removed a slot while it was listed: list again
-            continue
+    return files_under(memory_dir / "slots")
 
 
 def context(agent: RunningAgent, monitor: str = "mon1") -> ProbeContext:
