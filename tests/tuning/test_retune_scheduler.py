@@ -5,14 +5,8 @@ monitor; and ``iepm tune --due`` (the cron path) sweeps who needs it, then nobod
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
-import os
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,49 +21,16 @@ from iepm.store import Archive
 from iepm.tuned import load_tuned
 from iepm.tuning import routine
 from iepm.tuning.store import list_studies
+from tests.helpers import free_port, iperf3_server
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def listening(port: int) -> bool:
-    needle = f"0100007F:{port:04X}"
-    with open("/proc/net/tcp") as f:
-        rows = [line.split() for line in f.readlines()[1:]]
-    return any(row[1] == needle and row[3] == "0A" for row in rows)
 
 
 @pytest.fixture
 def server() -> Iterator[int]:
     """An iperf3 server on a free loopback port (many tests in a row); stopped by PID."""
-    port = free_port()
-    proc = subprocess.Popen(
-        ["iperf3", "-s", "-p", str(port), "-B", HOST],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while not listening(port):
-            assert proc.poll() is None, "iperf3 server exited at start"
-            assert time.monotonic() < deadline, "iperf3 server did not start listening"
-            time.sleep(0.02)
+    with iperf3_server(HOST) as port:
         yield port
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
 
 
 def config_text(tmp_path: Path, port: int, targets: list[str], gap_h: float = 0) -> str:
