@@ -1,5 +1,5 @@
-"""``iepm archive``: keep an archive for years (``prune``). Outside iepm.store so that the
-command line starts without loading the archive's libraries."""
+"""``iepm archive``: keep an archive for years (``prune``) and quick to read (``maintain``).
+Outside iepm.store so that the command line starts without loading the archive's libraries."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import typer
 from iepm.cliglue import GuardedTyper, open_archive
 from iepm.errors import UsageError
 
-archive_app = GuardedTyper(help="The archive: retention.", no_args_is_help=True)
+archive_app = GuardedTyper(help="The archive: retention, maintenance.", no_args_is_help=True)
 
 
 @archive_app.command("prune")
@@ -28,11 +28,16 @@ def prune_cmd(
         float | None, typer.Option(help="Gzip raw logs older than this many days.")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count only; remove nothing.")] = False,
+    maintain: Annotated[
+        bool, typer.Option(help="Then run `iepm archive maintain` (PostgreSQL).")
+    ] = True,
     db: Annotated[str | None, typer.Option("--db", help="Archive URL.")] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="targets.toml")] = None,
 ) -> None:
     """Remove results, cycles and flow records older than the retention (daily summaries,
-    alerts and studies stay), and rotate raw logs; report what was removed."""
+    alerts and studies stay), and rotate raw logs; report what was removed. Then (unless
+    --dry-run or --no-maintain) the maintenance of `iepm archive maintain`."""
+    from iepm.store.maintenance import maintain as maintain_archive
     from iepm.store.retention import prune
 
     if log_dir is not None and not log_dir.is_dir():
@@ -59,6 +64,26 @@ def prune_cmd(
             log_dir=log_dir,
             compress_after_days=compress_after_days,
         )
+        sys.stdout.write("\n".join(report.lines()) + "\n")
+        if maintain and not dry_run:
+            sys.stdout.write("\n".join(maintain_archive(archive).lines()) + "\n")
+
+
+@archive_app.command("maintain")
+def maintain_cmd(
+    recluster: Annotated[
+        bool, typer.Option("--recluster", help="Cluster closed months clustered before again.")
+    ] = False,
+    db: Annotated[str | None, typer.Option("--db", help="Archive URL.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="targets.toml")] = None,
+) -> None:
+    """On PostgreSQL: cluster each closed month of results by path (once), vacuum and analyse
+    every partition and the daily summaries, make the months ahead; report what was done.
+    Nothing on SQLite. `iepm archive prune` runs it too."""
+    from iepm.store.maintenance import maintain
+
+    with open_archive(db, config, reading=True) as archive:
+        report = maintain(archive, recluster=recluster)
     sys.stdout.write("\n".join(report.lines()) + "\n")
 
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
@@ -199,7 +199,6 @@ def _upgrade(engine: Engine) -> None:
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
     if current == head:
-        _partition(engine)
         return
     if current is not None:
         try:
@@ -218,15 +217,14 @@ def _upgrade(engine: Engine) -> None:
                 conn.execute(select(func.pg_advisory_xact_lock(PG_MIGRATION_LOCK)))
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
-    _partition(engine)
 
 
 def _partition(engine: Engine) -> None:
-    """On PostgreSQL, the month partitions of ``results`` ahead of now (iepm/store/partitions.py).
-    A role that may not create tables skips it: its rows land in the default partition, and the
-    next open or prune by the archive's owner moves them into months of their own."""
-    if engine.dialect.name != "postgresql":
-        return
+    """On PostgreSQL, the month partitions of ``results`` and ``flows`` ahead of now
+    (iepm/store/partitions.py). Called before an archive's first write (and again once the
+    month has changed), never by reading: a command that only reads creates nothing. A role
+    that may not create tables skips it: its rows land in the default partition, and the next
+    write, prune or maintenance by the archive's owner moves them into months of their own."""
     try:
         with engine.begin() as conn:
             partitions.ensure(conn)
@@ -266,11 +264,15 @@ class Archive:
         self.url = _shown(engine.url)
         # False until the schema is known to be at the newest revision (see ``connect``).
         self._ready = ready
+        # The month whose partitions (and the next ones) this archive made sure of before a
+        # write (``_partitioned``); None until its first write on PostgreSQL.
+        self._partitioned_for: partitions.Month | None = None
 
     @classmethod
     def open(cls, url: str) -> Archive:
         """Open (creating or upgrading as needed) the archive at ``url``:
-        ``sqlite:///path/to/archive.db`` or ``postgresql+psycopg://user:pass@host/db``."""
+        ``sqlite:///path/to/archive.db`` or ``postgresql+psycopg://user:pass@host/db``. Month
+        partitions are made by the first write, not here: reading creates none."""
         engine = connect_engine(url)
         try:
             _upgrade(engine)
@@ -533,6 +535,19 @@ class Archive:
         with self._errors(doing), self._engine.connect() as conn:
             yield conn
 
+    @contextmanager
+    def autocommit(self, doing: str) -> Iterator[Connection]:
+        """A connection outside any transaction, each statement committed on its own (VACUUM
+        may run in no transaction, CLUSTER should not hold one open); its session settings are
+        reset before it goes back to the pool. Database errors become a ``StoreError``."""
+        with self._errors(doing), self._engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                yield conn
+            finally:
+                if self._engine.dialect.name == "postgresql":
+                    conn.exec_driver_sql("RESET ALL")
+
     # -- plumbing --------------------------------------------------------------------------
 
     def _dialect(self) -> Any:
@@ -546,9 +561,22 @@ class Archive:
         except (SQLAlchemyError, OSError) as exc:
             raise StoreError(f"{doing} (archive {self.url}): {_reason(exc)}") from exc
 
+    def _partitioned(self) -> None:
+        """Before a write on PostgreSQL: this month's partitions and the next ones exist (once
+        per archive and month: a monitor running for months makes each new month's in time)."""
+        if self._engine.dialect.name != "postgresql":
+            return
+        month = partitions.Month.of(datetime.now(UTC))
+        if self._partitioned_for != month:
+            _partition(self._engine)
+            self._partitioned_for = month
+
     @contextmanager
     def _writing(self, doing: str) -> Iterator[Connection]:
-        """One write transaction, committed when the block ends."""
+        """One write transaction, committed when the block ends (on PostgreSQL after making
+        sure the months ahead are partitioned)."""
+        with self._errors(doing):
+            self._partitioned()
         with self._errors(doing), self._engine.connect() as conn:
             conn.execution_options(**{WRITE: True})
             with conn.begin():

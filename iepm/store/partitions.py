@@ -12,9 +12,11 @@ raw token alone (``Archive.upsert_by_token``). SQLite keeps its plain tables.
 
 ``ensure`` keeps the months ahead partitioned (this month and the next ``AHEAD``) and moves any
 rows a default partition caught (a monitor that ran past the months made ahead, an import of
-old results) into month partitions of their own; ``Archive.open`` and ``iepm archive prune``
-call it. Retention (iepm/store/retention.py) drops whole months that lie before the cutoff —
-no row-by-row delete, no table bloat — and batch-deletes only the month the cutoff falls in.
+old results) into month partitions of their own; an archive's first write (and its first
+write in a new month), ``iepm archive prune`` and ``iepm archive maintain`` call it — never a
+command that only reads. Retention (iepm/store/retention.py) drops whole months that lie
+before the cutoff — no row-by-row delete, no table bloat — and batch-deletes only the month the
+cutoff falls in; maintenance (iepm/store/maintenance.py) clusters the closed months by path.
 
 Partitions are found by name: a table this module did not name is never created, moved or
 dropped.

@@ -150,14 +150,20 @@ def test_a_row_outside_the_months_lands_in_the_default_partition_and_moves_out(
             assert conn.exec_driver_sql("SELECT id FROM results_default").scalars().all() == [
                 far.id
             ]
-    with Archive.open(pg_url) as archive:  # the next open makes March 2019 its own partition
+    with Archive.open(pg_url) as archive:  # reading moves nothing
+        assert stored(archive) == [far]
+        with archive.reading("test") as conn:
+            assert partitions.Month(2019, 3) not in partitions.months(conn)
+    now = sample.ping(started_at=NOW)
+    with Archive.open(pg_url) as archive:  # the next writer makes March 2019 its own partition
+        archive.add(now)
         with archive.reading("test") as conn:
             assert partitions.Month(2019, 3) in partitions.months(conn)
             assert conn.exec_driver_sql("SELECT count(*) FROM results_default").scalar() == 0
             assert conn.exec_driver_sql("SELECT id FROM results_2019_03").scalars().all() == [
                 far.id
             ]
-        assert stored(archive) == [far]
+        assert stored(archive) == sorted([far, now], key=lambda r: r.id)
 
 
 @pg
@@ -234,7 +240,7 @@ def test_sqlite_keeps_its_plain_table(archive_url: str) -> None:
 @pg
 def test_a_role_that_may_not_create_tables_still_opens_and_writes(pg_url: str) -> None:
     """Such a role (say, a web server's) skips making partitions; its rows land in the default
-    partition, and the owner's next open moves them to their month."""
+    partition, and the owner's next write moves them to their month."""
     ahead = partitions.Month.of(NOW).next().next()
     with Archive.open(pg_url) as archive, archive.writing("test") as conn:
         conn.exec_driver_sql(f"DROP TABLE {partitions.RESULTS.name(ahead)}")
@@ -253,6 +259,9 @@ def test_a_role_that_may_not_create_tables_still_opens_and_writes(pg_url: str) -
         with Archive.open(pg_url) as archive:
             assert stored(archive) == [late]
             with archive.reading("test") as conn:
+                assert ahead not in partitions.months(conn)  # reading makes nothing
+            archive.add(sample.ping(started_at=NOW))
+            with archive.reading("test") as conn:
                 assert ahead in partitions.months(conn)
                 rows = conn.exec_driver_sql(f"SELECT id FROM {partitions.RESULTS.name(ahead)}")
                 assert rows.scalars().all() == [late.id]
@@ -260,3 +269,46 @@ def test_a_role_that_may_not_create_tables_still_opens_and_writes(pg_url: str) -
         with Archive.open(pg_url) as archive, archive.writing("test") as conn:
             conn.exec_driver_sql(f"DROP OWNED BY {role}")
             conn.exec_driver_sql(f"DROP ROLE {role}")
+
+
+@pg
+def test_reading_creates_no_partition_and_the_first_write_does(pg_url: str) -> None:
+    """A reading command (report, serve, export) opens the archive and reads: no month partition
+    is made, however many are missing. The first write (iepm run, collect, import) makes this
+    month's and the next ones."""
+    month = partitions.Month.of(datetime.now(UTC))
+    ahead = [month, month.next(), month.next().next()]
+    with Archive.open(pg_url) as archive:
+        archive.add(sample.ping(started_at=datetime(2019, 3, 5, tzinfo=UTC)))  # makes them all
+        with archive.writing("test") as conn:  # as if the archive had not been written for months
+            for scheme in partitions.SCHEMES:
+                for gone in ahead:
+                    conn.exec_driver_sql(f"DROP TABLE {scheme.name(gone)}")
+
+    def tables() -> list[str]:
+        with Archive.open(pg_url) as archive, archive.reading("test") as conn:
+            return sorted(
+                conn.execute(
+                    text("SELECT relname FROM pg_class WHERE relname ~ '^(results|flows)'")
+                ).scalars()
+            )
+
+    before = tables()
+    with Archive.open(pg_url) as archive:
+        assert archive.count() == 1
+        assert len(list(archive.results(purpose=None))) == 1
+        assert archive.envelope_page(limit=10)[0] == 1
+        assert archive.targets() == ["cern-1"]
+        assert list(read_flows(archive)) == []
+    assert tables() == before  # nothing made, nothing moved (March 2019 stays in the default)
+    with Archive.open(pg_url) as archive, archive.reading("test") as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM results_default").scalar() == 1
+        assert not set(ahead) & set(partitions.months(conn))
+    with Archive.open(pg_url) as archive:
+        archive.add(sample.ping(started_at=datetime.now(UTC)))
+        with archive.reading("test") as conn:
+            for scheme in partitions.SCHEMES:
+                assert set(ahead) <= set(partitions.months(conn, scheme))
+            assert partitions.Month(2019, 3) in partitions.months(conn)
+            assert conn.exec_driver_sql("SELECT count(*) FROM results_default").scalar() == 0
+        assert archive.count() == 2
