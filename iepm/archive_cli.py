@@ -74,6 +74,13 @@ def maintain_cmd(
     recluster: Annotated[
         bool, typer.Option("--recluster", help="Cluster closed months clustered before again.")
     ] = False,
+    open_month: Annotated[
+        bool,
+        typer.Option(
+            "--open-month",
+            help="Cluster this month too: its writers wait while it is rewritten (a quiet hour).",
+        ),
+    ] = False,
     db: Annotated[str | None, typer.Option("--db", help="Archive URL.")] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="targets.toml")] = None,
 ) -> None:
@@ -83,7 +90,7 @@ def maintain_cmd(
     from iepm.store.maintenance import maintain
 
     with open_archive(db, config, reading=True) as archive:
-        report = maintain(archive, recluster=recluster)
+        report = maintain(archive, recluster=recluster, open_month=open_month)
     sys.stdout.write("\n".join(report.lines()) + "\n")
 
 

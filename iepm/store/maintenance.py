@@ -10,8 +10,9 @@ monitor, target and probe reads about 100 heap pages, and its count as many. Mai
   ``(target, monitor, probe, purpose, started_at)`` index, once: the rewrite puts one path's
   rows of the month on a few pages, and the index is marked clustered, so later runs skip the
   month (``recluster=True`` does it again, e.g. after an import of old results into it). The
-  open month is not clustered: CLUSTER holds an exclusive lock on the month while it rewrites
-  it (≈30 s per 3.5 M rows on 2 busy cores), which would stop the monitors writing into it;
+  open month is clustered only when asked (``open_month=True``, e.g. in a quiet hour): CLUSTER
+  holds an exclusive lock on the month while it rewrites it, and the monitors writing into it
+  wait meanwhile (past their archive deadline they spool, and write back later);
 - VACUUMs (with ANALYZE) every partition of ``results`` and ``flows`` and the daily summaries:
   the visibility map lets a count (an API page's ``total``) be answered from the index alone
   instead of the heap, and the planner's statistics follow the growing months. A VACUUM
@@ -97,6 +98,7 @@ def maintain(
     now: datetime | None = None,
     *,
     recluster: bool = False,
+    open_month: bool = False,
     lock_wait_s: float = LOCK_WAIT_S,
 ) -> MaintenanceReport:
     """Run the maintenance the module describes; returns what it did."""
@@ -109,12 +111,15 @@ def maintain(
         partitions.ensure(conn, max(now, datetime.now(UTC)))
     with archive.autocommit("cannot maintain the archive") as conn:
         conn.exec_driver_sql("SET statement_timeout = 0")  # a month's rewrite takes minutes
-        for month in closed_months(conn, now):
+        months = closed_months(conn, now)
+        if open_month and partitions.Month.of(now) in partitions.months(conn):
+            months.append(partitions.Month.of(now))
+        for month in months:
             name = partitions.RESULTS.name(month)
             index = cluster_index(conn, name)
             if index is None:
                 continue
-            if index[1] and not recluster:
+            if index[1] and not recluster and month.end <= now:
                 report.already_clustered.append(name)
                 continue
             t0 = time.perf_counter()

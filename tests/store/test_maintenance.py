@@ -110,6 +110,11 @@ def test_closed_months_are_clustered_by_path_once_and_counts_read_the_index(
         assert again.lines()[0] == f"2 closed months clustered before: {', '.join(closed)}"
         forced = maintenance.maintain(archive, recluster=True)
         assert [name for name, _rows, _s in forced.clustered] == closed
+        # The open month only when asked, and every time (it keeps growing).
+        for _ in range(2):
+            opened = maintenance.maintain(archive, open_month=True)
+            assert opened.clustered[0][:2] == (partitions.RESULTS.name(THIS), 16)
+            assert (len(opened.clustered), opened.already_clustered) == (1, closed)
 
 
 @pg
