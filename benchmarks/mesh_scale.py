@@ -18,7 +18,7 @@ an `Archive` writing one result per transaction (as `iepm run` does) for --write
 common start; the baseline is one such process alone, in the same run.
 
     .venv/bin/python benchmarks/mesh_scale.py [--hosts 50] [--days 90] [--seconds 10]
-        [--writers 50] [--write-seconds 10] [--db URL (an existing archive: no build)]
+        [--writers 50] [--write-seconds 10 (0: pages only)] [--db URL (an existing archive)]
         [--db URL --build (build into that empty archive, then measure: re-measure with --db)]
 """
 
@@ -246,7 +246,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="of load per endpoint")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--writers", type=int, default=50)
-    parser.add_argument("--write-seconds", type=float, default=10.0)
+    parser.add_argument("--write-seconds", type=float, default=10.0, help="0: no write test")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--db", help="an existing PostgreSQL archive (built before): no build")
     parser.add_argument(
@@ -266,6 +266,9 @@ def main() -> None:
             out["build"] = build(url, args.hosts, args.days, args.seed)
             print(json.dumps(out["build"]), file=sys.stderr)
         out["pages"] = measure(url, args.seconds, args.seed)
+        out["load_after_pages"] = os.getloadavg()[0]
+        if args.write_seconds <= 0:
+            return
         one = write_rate(url, 1, args.write_seconds)
         many = write_rate(url, args.writers, args.write_seconds)
         ratio = round(many["per_second"] / one["per_second"], 2)
