@@ -400,3 +400,19 @@ def test_an_unusable_database_is_a_store_error_naming_it(archive_url: str) -> No
 def test_urls_that_are_not_archives(url: str, message: str) -> None:
     with pytest.raises(StoreError, match=message):
         Archive.open(url)
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+def test_an_api_page_is_the_count_and_the_page_results_gives(archive: Archive, order: str) -> None:
+    """``envelope_page`` (one statement on PostgreSQL): its total is ``count()`` and its page is
+    ``results()``'s, in order, for every offset — also past the end, where the page is empty
+    and the total still counts."""
+    populate(archive)
+    filters: dict[str, Any] = {"target": "in2p3", "probe": "ping"}
+    everything = [r.envelope() for r in archive.results(**filters, order=order)]  # type: ignore[arg-type]
+    assert len(everything) == archive.count(**filters) > 7
+    for offset in (0, 7, len(everything) - 1, len(everything), len(everything) + 5):
+        total, texts = archive.envelope_page(**filters, limit=7, offset=offset, order=order)  # type: ignore[arg-type]
+        assert total == len(everything)
+        assert [json.loads(t) for t in texts] == everything[offset : offset + 7]
+    assert archive.envelope_page(target="nowhere", limit=5) == (0, [])
