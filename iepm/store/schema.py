@@ -181,6 +181,8 @@ daily = Table(
     Column("total_sq", Float),
     Column("minimum", Float),
     Column("maximum", Float),
+    # The mesh grid: one metric of every path over the last days (migration 0010).
+    Index(None, "probe", "metric", "day"),
     # Stored in key order on SQLite, so a path's year is a few contiguous pages.
     sqlite_with_rowid=False,
 )
