@@ -22,9 +22,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import partial
 from itertools import repeat
-from typing import NamedTuple
 
 import numpy as np
+
+from iepm.flows.records import Flow
 
 # Bounds against a flood of templates (a broken or hostile exporter): beyond these, new
 # templates are refused and counted, so memory stays bounded.
@@ -33,24 +34,6 @@ MAX_DOMAINS = 4096
 VARIABLE = 0xFFFF
 # A sequence number further back than this is an exporter restart, not reordering.
 RESTART_WINDOW = 1 << 20
-
-
-class Flow(NamedTuple):
-    """One flow record as exported (one direction of one connection)."""
-
-    exporter: str
-    domain: int
-    version: int
-    src: str
-    dst: str
-    sport: int
-    dport: int
-    proto: int
-    bytes: int
-    packets: int
-    start_ms: int  # Unix time, ms
-    end_ms: int
-    sampling: int  # 1 in N packets sampled; 1 when unsampled or unknown
 
 
 @dataclass

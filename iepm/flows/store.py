@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, or_, select
 
 from iepm.errors import StoreError
-from iepm.flows.decode import Flow
+from iepm.flows.records import Flow
 from iepm.store import Archive
 from iepm.store.schema import flows as FLOWS
 
