@@ -132,6 +132,12 @@ class Pipeline:
         if len(self._batch) >= self.batch_records:
             self.tick(force=True)
 
+    def feed_many(self, packets: list[tuple[bytes, str]]) -> None:
+        """:meth:`feed` for a receiver frame's datagrams, decoded together (numpy per frame)."""
+        self._batch.extend(self.decoder.decode_many(packets))
+        if len(self._batch) >= self.batch_records:
+            self.tick(force=True)
+
     def tick(self, *, force: bool = False) -> None:
         """Hand the pending records to the writer if the batch is full or ``flush_s`` passed."""
         now = time.monotonic()

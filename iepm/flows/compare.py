@@ -14,8 +14,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from iepm.flows.decode import Flow
 from iepm.flows.instances import FORMULAS, Instance, group
+from iepm.flows.records import Flow
 from iepm.results import Result
 
 # Flows may be stamped a little before the test's recorded start (the exporter's clock is not

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from iepm.flows.decode import Flow
+from iepm.flows.records import Flow
 
 FORMULAS = (1, 2, 3)
 DEFAULT_WINDOW_S = 5.0

@@ -19,7 +19,7 @@ from subprocess import PIPE
 from typing import Any
 
 from iepm.errors import ToolFailed, UsageError
-from iepm.flows.decode import Flow
+from iepm.flows.records import Flow
 from iepm.runner import start_process_sync
 
 NFDUMP_DEADLINE_S = 600.0

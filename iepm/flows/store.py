@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, or_, select
 
 from iepm.errors import StoreError
-from iepm.flows.decode import Flow
+from iepm.flows.records import Flow
 from iepm.store import Archive
 from iepm.store.schema import flows as FLOWS
 
@@ -53,10 +53,12 @@ def flow_id(flow: Flow, _repr: str = _REPR, _blake2b: Any = hashlib.blake2b) -> 
 
 
 def flow_rows(flows: Iterable[Flow], source: str) -> Iterator[tuple[Any, ...]]:
-    """The ``flows`` table's rows, columns in :data:`COLUMNS` order between id and source."""
-    ident = flow_id
+    """The ``flows`` table's rows, columns in :data:`COLUMNS` order between id and source.
+    :func:`flow_id` inlined: a call per record was a fifth of the rows' cost."""
+    text, digest, mask = _REPR, hashlib.blake2b, 0xFFFFFFFFFFFF
     for f in flows:
-        yield (ident(f), *f, source)
+        ident = digest((text % f).encode(), digest_size=10).hexdigest()
+        yield (f"{f[10] & mask:012x}{ident}", *f, source)
 
 
 def add_flows(archive: Archive, flows: Iterable[Flow], source: str) -> int:

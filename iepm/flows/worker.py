@@ -66,7 +66,7 @@ def main() -> int:
     pipeline = Pipeline(archive, **settings)
     sys.stdout.write(READY + "\n")  # the receiver says so: from here records are stored
     sys.stdout.flush()
-    feed, tick = pipeline.feed, pipeline.tick
+    feed_many, tick = pipeline.feed_many, pipeline.tick
     progress_at = time.monotonic()
     try:
         while True:
@@ -81,8 +81,7 @@ def main() -> int:
             frame = _frame(fd)
             if frame is None:
                 break
-            for packet, exporter in unpack_frame(frame):
-                feed(packet, exporter)
+            feed_many(unpack_frame(frame))
             tick()
         report = pipeline.close()
     finally:

@@ -6,7 +6,7 @@ import struct
 from pathlib import Path
 from unittest.mock import patch
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from iepm.flows.decode import MAX_TEMPLATES_PER_DOMAIN, Decoder, Flow, Template
@@ -16,6 +16,8 @@ from tests.flows.encoder import F
 NOW = 1_795_000_000_000
 UPTIME = 3_600_000
 EXP = "198.18.0.1"
+# A busy 2-core host makes drawing and decoding slow, not wrong.
+busy = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 addresses = st.integers(0x0A000000, 0xDFFFFFFF).map(
     lambda n: ".".join(str(b) for b in n.to_bytes(4, "big"))
@@ -38,6 +40,7 @@ def expected(f: F, version: int, domain: int = 0, sampling: int = 1) -> Flow:
                 f.start_ms, f.end_ms, sampling)  # fmt: skip
 
 
+@busy
 @given(st.lists(flows(), min_size=0, max_size=30), st.integers(0, 2**32 - 1))
 def test_v5_roundtrip(records: list[F], seq: int) -> None:
     decoder = Decoder()
@@ -48,6 +51,7 @@ def test_v5_roundtrip(records: list[F], seq: int) -> None:
     assert decoder.stats.truncated == decoder.stats.lost == 0
 
 
+@busy
 @given(
     st.lists(flows(), min_size=1, max_size=30), st.integers(256, 65535), st.integers(0, 2**32 - 1)
 )
@@ -64,6 +68,7 @@ def test_v9_roundtrip(records: list[F], tid: int, source: int) -> None:
     assert decoder.stats.templates == 1 and decoder.stats.unknown_template == 0
 
 
+@busy
 @given(st.lists(flows(), min_size=1, max_size=30), st.integers(256, 65535), st.integers(1, 8))
 def test_ipfix_roundtrip_with_padding(records: list[F], tid: int, pad: int) -> None:
     decoder = Decoder()
@@ -75,6 +80,7 @@ def test_ipfix_roundtrip_with_padding(records: list[F], tid: int, pad: int) -> N
     assert got == [expected(f, 10, 3) for f in records]
 
 
+@busy
 @given(st.binary(max_size=400), st.sampled_from([b"\x00\x05", b"\x00\x09", b"\x00\x0a"]))
 def test_garbage_never_raises(tail: bytes, version: bytes) -> None:
     decoder = Decoder()
@@ -82,6 +88,7 @@ def test_garbage_never_raises(tail: bytes, version: bytes) -> None:
     assert decoder.stats.packets == 1
 
 
+@busy
 @given(st.lists(flows(), min_size=1, max_size=10), st.data())
 def test_truncated_packets_are_counted_not_decoded_in_part(
     records: list[F], data: st.DataObject
@@ -264,6 +271,7 @@ def test_v9_times_keep_their_milliseconds_across_packets() -> None:
 SECONDS_FIELDS = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 4), (2, 4), (150, 4), (151, 4)]
 
 
+@busy
 @given(
     st.lists(flows(), min_size=1, max_size=20),
     st.sampled_from([(9, enc.V9_FIELDS), (10, enc.IPFIX_FIELDS), (10, SECONDS_FIELDS)]),
