@@ -92,10 +92,6 @@ class EnsembleConfig:
     # > 0: the guard's window (forecasts); the ensemble falls back to MA(5) while, over that
     # many of its latest forecasts, it was worse than MA(5) on both P90 and mean (:class:`_Guard`).
     guard: int = 0
-    # The forecast never exceeds (1 + ceiling)·MA(5)'s (inf: no ceiling). Under the relative
-    # error an over-forecast of a near-zero observation costs without bound, and the level-based
-    # members sit above MA(5) exactly where a path dips (they keep dips out of the level).
-    ceiling: float = math.inf
 
     def __post_init__(self) -> None:
         unknown = [m for m in (*self.members, self.default) if m not in METHODS or m == "auto"]
@@ -107,12 +103,10 @@ class EnsembleConfig:
             raise AnalysisError("ensemble decay must be in (0, 1), cap > 0, margin in [0, 1)")
         if not (0 <= self.blend < 1 and (self.guard == 0 or self.guard >= GUARD_MIN)):
             raise AnalysisError(f"ensemble blend must be in [0, 1), guard 0 or >= {GUARD_MIN}")
-        if not self.ceiling >= 0:
-            raise AnalysisError("ensemble ceiling must be >= 0 (inf: none)")
 
     @property
     def needs_baseline(self) -> bool:
-        return self.blend > 0 or self.guard > 0 or self.ceiling < math.inf
+        return self.blend > 0 or self.guard > 0
 
     @property
     def selector_key(self) -> tuple[object, ...]:
@@ -525,7 +519,7 @@ class _Guard:
 
 class _Choice:
     """One selector's member choice per step, shared by the ensembles that differ only in what
-    they do with it (blend, ceiling, guard): the choice does not depend on those."""
+    they do with it (blend, guard): the choice does not depend on those."""
 
     def __init__(self, config: EnsembleConfig) -> None:
         self.config = config
@@ -545,7 +539,7 @@ class _Choice:
 
 
 class _Ensemble:
-    """``auto`` under one configuration: select a member, shrink toward MA(5), cap, guard, band."""
+    """``auto`` under one configuration: select a member, shrink toward MA(5), guard, band."""
 
     def __init__(self, config: EnsembleConfig, coverage: float, choice: _Choice) -> None:
         self.config = config
@@ -565,8 +559,6 @@ class _Ensemble:
         base = fc["ma5"] if self.config.needs_baseline else None
         if base is not None:
             f = (1 - self.config.blend) * f + self.config.blend * base
-            if self.config.ceiling < math.inf:
-                f = min(f, (1 + self.config.ceiling) * base)
         mine, method = f, choice
         if self.guard is not None and base is not None:
             if self.guard.holds():
