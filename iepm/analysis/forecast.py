@@ -108,6 +108,11 @@ class EnsembleConfig:
     def needs_baseline(self) -> bool:
         return self.blend > 0 or self.guard > 0
 
+    @property
+    def selector_key(self) -> tuple[object, ...]:
+        """What the member choice depends on: ensembles alike in these choose alike."""
+        return (self.members, self.default, self.decay, self.cap, self.margin)
+
 
 # The level-based predictors (Holt and same-time-last-week only added noise to the choice).
 LEVEL_MEMBERS: tuple[str, ...] = ("median5", "levelshift", "levelmode", "levelrel")
@@ -512,23 +517,43 @@ class _Guard:
         self.base.add(min(abs(observed - base) / scale, GUARD_CAP))
 
 
-class _Ensemble:
-    """``auto`` under one configuration: select a member, shrink toward MA(5), guard, band."""
+class _Choice:
+    """One selector's member choice per step, shared by the ensembles that differ only in what
+    they do with it (blend, guard): the choice does not depend on those."""
 
-    def __init__(self, config: EnsembleConfig, coverage: float) -> None:
+    def __init__(self, config: EnsembleConfig) -> None:
         self.config = config
         self.selector = _Selector(
             config.members, decay=config.decay, cap=config.cap, margin=config.margin
         )
+        self.current = config.default
+        self.members: dict[str, float | None] = {}
+
+    def choose(self, fc: dict[str, float | None]) -> str:
+        self.members = {n: fc[n] for n in self.config.members}
+        self.current = self.selector.choose(self.members, self.config.default)
+        return self.current
+
+    def update(self, obs: float, floor: float) -> None:
+        self.selector.update(self.members, obs, floor)
+
+
+class _Ensemble:
+    """``auto`` under one configuration: select a member, shrink toward MA(5), guard, band."""
+
+    def __init__(self, config: EnsembleConfig, coverage: float, choice: _Choice) -> None:
+        self.config = config
+        self.choice = choice
         self.guard = _Guard(config.guard) if config.guard else None
         self.band = ConformalBand(coverage)
 
     def step(
         self, fc: dict[str, float | None], obs: float, floor: float, sd: float
     ) -> tuple[float, float, float, str]:
-        """The forecast, its interval and the method used; then learns from ``obs``."""
-        members = {n: fc[n] for n in self.config.members}
-        choice = self.selector.choose(members, self.config.default)
+        """The forecast, its interval and the method used; then learns from ``obs``.
+
+        The member was chosen (``_Choice.choose``) before; its selector learns after."""
+        choice = self.choice.current
         f = fc[choice]
         assert f is not None
         base = fc["ma5"] if self.config.needs_baseline else None
@@ -541,7 +566,6 @@ class _Ensemble:
             self.guard.update(mine, base, obs, floor)
         lo, hi = self.band.interval(f, floor, sd)
         self.band.update(f, obs, floor, lo <= obs <= hi)
-        self.selector.update(members, obs, floor)
         return f, lo, hi, method
 
 
@@ -608,7 +632,13 @@ def walk_forward_all(
     preds = [p for p in _make_predictors() if p.name in needed]
     names = [name for name in methods if name != "auto"]
     bands = {n: ConformalBand(coverage) for n in names if n not in BASELINES}
-    runs = {n: _Ensemble(config, coverage) for n, config in configs.items()}
+    choices: dict[tuple[object, ...], _Choice] = {}
+    for config in configs.values():
+        choices.setdefault(config.selector_key, _Choice(config))
+    runs = {
+        n: _Ensemble(config, coverage, choices[config.selector_key])
+        for n, config in configs.items()
+    }
     z = Z80 if math.isclose(coverage, 0.8) else _normal_quantile(0.5 + coverage / 2)
     out: dict[str, list[Forecast]] = {n: [] for n in (*names, *runs)}
     for i in range(ya.size):
@@ -633,9 +663,13 @@ def walk_forward_all(
                     lo, hi = bands[name].interval(f, floor, sd)
                     bands[name].update(f, obs, floor, lo <= obs <= hi)
                 out[name].append(Forecast(i, float(ta[i]), obs, f, lo, hi, method))
+            for choice in choices.values():
+                choice.choose(fc)
             for name, run in runs.items():
                 f, lo, hi, method = run.step(fc, obs, floor, sd)
                 out[name].append(Forecast(i, float(ta[i]), obs, f, lo, hi, method))
+            for choice in choices.values():
+                choice.update(obs, floor)
         for p in preds:
             p.update(float(ta[i]), obs)
     return {name: [_rescale(fc, unit) for fc in fcs] for name, fcs in out.items()}

@@ -101,7 +101,12 @@ def test_the_blend_shrinks_the_chosen_members_forecast_toward_ma5(blend: float) 
 def test_several_ensembles_in_one_walk_are_the_same_as_separate_walks() -> None:
     n = 300
     y = random_walk(n, seed=8)
-    configs = {"g": GUARDED, "b": EnsembleConfig(LEVEL_MEMBERS, blend=0.25), "d": ENSEMBLE_CONFIG}
+    configs = {
+        "g": GUARDED,
+        "b": EnsembleConfig(LEVEL_MEMBERS, blend=0.25),
+        "d": ENSEMBLE_CONFIG,
+        "gb": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, guard=100, blend=0.5),  # shares g's choice
+    }
     together = walk_forward_all(hourly(n), y, methods=("auto",), ensembles=configs)
     assert together["d"] == together["auto"]
     for name, config in configs.items():
