@@ -278,6 +278,7 @@ def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
                     servers=server_source(sshd.access(memory_dir=str(ssh_dir))),
                 )  # fmt: skip
                 tuned = iperf3.Spec(duration_s=8, omit_s=1, streams=4, window="1M")
+                one = tuned.model_copy(update={"streams": 1, "window": None})
                 xrdcp_spec = xrdcp_mem.Spec(size=size, streams=4, duration_s=30)
                 gridftp = gridftp_mem.Spec(size=size, streams=4, window="1M", duration_s=30)
                 rsync = rsync_mem.Spec(size=size, duration_s=60)
@@ -287,6 +288,8 @@ def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
                 over_ssh = partial(run_probe, ctx=ssh_ctx)
                 steps: list[tuple[str, str, Callable[[], Result]]] = [
                     ("iperf3", "before", partial(via_agent, iperf3, tuned)),
+                    # rsync's reference too: one connection, the window autotuned.
+                    ("iperf3", "1 stream", partial(via_agent, iperf3, one)),
                     (
                         "xrdcp_mem",
                         "4 streams, page CRCs",
