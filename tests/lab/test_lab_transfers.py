@@ -59,8 +59,9 @@ def context(lab: Lab, agent: RunningAgent) -> ProbeContext:
 def test_memory_copy_reaches_90_percent_of_tuned_iperf3(lab: Lab, agent: RunningAgent) -> None:
     ctx = context(lab, agent)
     tuned = iperf3.Spec(duration_s=8, omit_s=1, streams=4, window="1M")
-    # ~8 s of the path's rate, so that set-up and slow start weigh as little as in iperf3's.
-    copy = xrdcp_mem.Spec(size="192M", streams=4, duration_s=25)
+    # ~8 s of the path's rate, so that set-up and slow start weigh as little as in iperf3's;
+    # plain writes: the page checksums' CPU falls behind on two busy cores (README).
+    copy = xrdcp_mem.Spec(size="192M", streams=4, duration_s=25, page_checksums=False)
     ratios = []
     for _ in range(2):
         reference = asyncio.run(iperf3.run(tuned, ctx))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,9 @@ def test_output_that_is_no_xrdcp_log_is_a_parse_error_or_names_what_was_said() -
         ("remote_dir", "/tmp/../etc", "no '..'"),
         ("remote_dir", "tmp", "must be an absolute path"),
         ("duration_s", 0.5, "greater than or equal to 1"),
+        ("chunk_size", "32K", "chunk_size '32K' must be between 64K and 64M"),
+        ("chunk_size", "big", "chunk_size 'big' is not a size like 1M or 8M"),
+        ("parallel_chunks", 0, "greater than or equal to 1"),
     ],
 )
 def test_the_spec_rejects_values_out_of_range(field: str, value: Any, message: str) -> None:
@@ -135,6 +139,44 @@ def test_the_argv_bounds_connection_retries_and_brackets_ipv6() -> None:
     assert "--streams 4" in text and "--debug 2" in text
     assert "-DIConnectionWindow 3 -DIConnectionRetry 1 -DIRequestTimeout 20" in text
     assert argv[-2:] == ["/dev/shm/s", "root://[fd00::2]:1095//d/x.dat"]
+    # The copy's pipeline is written out at xrdcp's own defaults, so the raw log says what ran.
+    assert "-DICPChunkSize 8388608 -DICPParallelChunks 4 -DICpUsePgWrtRd 1" in text
+    tuned = spec.model_copy(update={"chunk_size": "2M", "parallel_chunks": 8})
+    tuned = tuned.model_copy(update={"page_checksums": False})
+    text = shlex.join(xrdcp.build_argv(tuned, HOST))
+    assert "-DICPChunkSize 2097152 -DICPParallelChunks 8 -DICpUsePgWrtRd 0" in text
+
+
+def log_line(at: str, text: str, topic: str = "ExDbgMsg") -> str:
+    return f"[2026-11-27 21:00:{at} +0000][Debug  ][{topic:<18}] {text}"
+
+
+def test_the_write_pipeline_is_read_from_the_request_handlers() -> None:
+    """Two requests queued, answered one by one, a pause with none, a third: the mean number
+    awaiting the server over the transfer and the time with none follow from the stamps."""
+    dest = "[0x1@root://h:1//f.dat?oss.asize=3145728] "
+    sent = "[h:1] MsgHandler created: 0x{} (message: kXR_write (handle: 0x0, offset: 0, size: 1) )."
+    done = "[h:1] Calling MsgHandler: 0x{} (message: kXR_write (handle: 0x0) ) with status: [OK] ."
+    log = "\n".join(
+        [
+            log_line("00.000000", "[h:1] Logged in, session: 1", "XRootDTransport"),
+            log_line("01.000000", dest + "successfully opened at h:1", "File"),
+            log_line("01.000000", sent.format("a")),
+            log_line("01.000000", sent.format("b")),
+            log_line("02.000000", done.format("a")),
+            log_line("03.000000", done.format("b")),
+            log_line("04.000000", sent.format("c")),
+            log_line("05.000000", done.format("c")),
+            log_line("05.000000", dest + "Sending a close command for handle 0x0", "File"),
+            log_line("05.100000", dest + "Close returned from h:1 with: [SUCCESS]", "File"),
+        ]
+    )
+    data = xrdcp.parse(RawRun(argv=("xrdcp", "root://h:1//f.dat"), stdout="", stderr=log))
+    assert data["transfer_s"] == 4.0 and data["write_requests"] == 3
+    # 2 for 1 s, 1 for 1 s, none for 1 s, 1 for 1 s: 4 request-seconds over 4 s.
+    assert data["writes_in_flight"] == 1.0
+    assert data["pipeline_empty_s"] == 1.0
+    assert data["page_checksums"] is False
 
 
 def test_the_probe_is_registered_and_needs_an_xrootd_server() -> None:
@@ -155,7 +197,8 @@ def xrdcp_processes(port: int) -> list[psutil.Process]:
 
 
 def memory_sources() -> set[str]:
-    return {p.name for p in Path(xrdcp.MEMORY_DIR).glob("iepm-xrdcp-*")}
+    # This process's own (another test run on the machine makes and removes its own meanwhile).
+    return {p.name for p in Path(xrdcp.MEMORY_DIR).glob(f"iepm-xrdcp-{os.getpid()}-*")}
 
 
 def test_a_memory_copy_to_a_plain_endpoint_succeeds_and_leaves_nothing() -> None:
@@ -166,9 +209,24 @@ def test_a_memory_copy_to_a_plain_endpoint_succeeds_and_leaves_nothing() -> None
         assert result.succeeded, result.error
         assert result.data["bytes"] == 32 * 1024**2
         assert result.data["transfer_s"] > 0 and result.data["setup_s"] > 0
+        assert result.data["page_checksums"] is True  # xrdcp 5's kXR_pgwrite
+        assert result.data["write_requests"] == 4  # 32M in xrdcp's 8M chunks
         assert "[removed /" in result.diags
         assert server.files() == []
     assert memory_sources() == before
+
+
+def test_a_copy_without_page_checksums_sends_plain_writes_of_the_chunk_size() -> None:
+    with plain_xrootd() as server:
+        spec = xrdcp_mem.Spec(
+            size="8M", port=server.port, remote_dir=str(server.export), chunk_size="1M",
+            page_checksums=False,
+        )  # fmt: skip
+        result = asyncio.run(xrdcp_mem.run(spec, ProbeContext(target="lo", address=HOST)))
+        assert result.succeeded, result.error
+        assert result.data["page_checksums"] is False
+        assert result.data["write_requests"] == 8
+        assert server.files() == []
 
 
 def test_a_write_the_server_refuses_is_a_failed_result_and_leaves_nothing() -> None:
