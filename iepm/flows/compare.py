@@ -22,9 +22,13 @@ from iepm.results import Result
 # ours) and their start lags it by the connection set-up: candidates start in this span...
 BEFORE_S = 2.0
 AFTER_S = 5.0
-# ...and one test's streams all open within this of each other (iperf3: a few ms), so tests run
-# back to back stay apart.
+# ...and one test's streams all open within this of each other (iperf3 on a short path: a few
+# ms), so tests run back to back stay apart. On a long path a test's streams open one round trip
+# after another (iperf3 connects them in turn after its control exchange), so the window grows to
+# that span (see _stream_span_s), never beyond half the test's own duration: the next test
+# cannot start before this one ends.
 TEST_WINDOW_S = 1.0
+SET_UP_ROUND_TRIPS = 3  # control connection, parameter exchange, start: before the first stream
 MIN_TESTS_FOR_R = 50
 
 
@@ -68,6 +72,21 @@ def _window(result: Result) -> tuple[int, int]:
     return start - int(BEFORE_S * 1000), start + int(AFTER_S * 1000)
 
 
+def _stream_span_s(result: Result, window_s: float) -> float:
+    """How far apart one test's streams may open: (streams + set-up) round trips on the test's
+    own path, at least ``window_s``, at most half its duration and AFTER_S."""
+    rtt_ms = result.data.get("mean_rtt_ms")
+    streams = result.params.get("streams", 1)
+    duration_s = result.params.get("duration_s")
+    if not isinstance(rtt_ms, int | float) or rtt_ms <= 0 or not isinstance(streams, int):
+        return window_s
+    span_s = (streams + SET_UP_ROUND_TRIPS) * rtt_ms / 1000
+    ceiling_s = AFTER_S
+    if isinstance(duration_s, int | float) and duration_s > 0:
+        ceiling_s = min(ceiling_s, duration_s / 2)
+    return max(window_s, min(span_s, ceiling_s))
+
+
 def match(
     results: Iterable[Result],
     flows: Sequence[Flow],
@@ -103,7 +122,7 @@ def match(
             continue
         # The instance that began nearest the test's start (the largest if two are as near).
         start = lo + int(BEFORE_S * 1000)
-        instances = group(candidates, window_s=window_s, by_port=False)
+        instances = group(candidates, window_s=_stream_span_s(result, window_s), by_port=False)
         best = min(instances, key=lambda i: (abs(i.start_ms - start), -i.bytes))
         matches.append(Match(result, best, float(active)))
     return matches, unmatched

@@ -104,6 +104,34 @@ def test_match_and_table_err_and_r() -> None:
     assert summary[1]["hosts"] == 1
 
 
+def test_a_long_paths_streams_opening_a_round_trip_apart_are_one_test() -> None:
+    """iperf3 opens its 4 streams one after another on a 400 ms path: 1.2 s from the first to
+    the last, longer than the short-path window, yet all are the test's. Back-to-back tests of
+    8 s on that path stay apart."""
+    results, flows = [], []
+    rate_bps = 6e6
+    for k in range(3):
+        started = T0 + timedelta(seconds=10 * k)
+        start_s = (started - T0).total_seconds() + 3 * 0.4  # after the control exchange
+        for s in range(4):
+            octets = int(rate_bps / 8 / 4 * 8)
+            flows.append(flow(start_s + 0.4 * s, 8, octets, 40000 + 10 * k + s))
+        results.append(
+            sample.iperf3("ihep", started, target_address="198.18.2.2",
+                          params={"duration_s": 8, "streams": 4, "port": 5201},
+                          data={"throughput_bps": rate_bps, "mean_rtt_ms": 400.0})
+        )  # fmt: skip
+    matches, unmatched = match(results, flows)
+    assert unmatched == 0 and [len(m.instance.flows) for m in matches] == [4, 4, 4]
+    assert {f.sport // 10 for m in matches for f in m.instance.flows} == {4000, 4001, 4002}
+    for m in matches:
+        assert abs(m.err(1)) < 0.01  # type: ignore[arg-type]
+    # Without the path's RTT the short-path window holds: the last stream falls outside.
+    for r in results:
+        r.data.pop("mean_rtt_ms")
+    assert [len(m.instance.flows) for m in match(results, flows)[0]] == [3, 3, 3]
+
+
 def test_pearson_needs_variance() -> None:
     assert pearson([1.0, 1.0], [2.0, 3.0]) is None
     assert pearson([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
