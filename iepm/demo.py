@@ -428,10 +428,8 @@ class Demo:
                 if agents
                 else f"iperf3 servers PIDs {', '.join(str(p.pid) for p in servers)}"
             )
-            say(
-                f"iepm demo: lab {lab.name} is up: {len(sites)} sites ({', '.join(sites)}), "
-                + started
-            )
+            say(f"iepm demo: lab {lab.name} is up: {len(sites)} sites ({', '.join(sites)})")
+            say(f"iepm demo: {started}")
         except BaseException:
             stack.close()
             raise
