@@ -2,13 +2,18 @@
 
 As root, brings up the lab in ``examples/lab/demo.toml`` (six sites 5–300 ms away, 10 Mbit/s to
 1 Gbit/s bottlenecks, lossy paths, cross traffic and a scheduled route change, with time
-compressed so a lab hour passes in a real minute), starts an ``iperf3 -s`` in every site, and
-runs measurement cycles from the lab's monitor namespace with short probes so the pages fill
-within minutes, while ``iepm serve``'s dashboard runs on 127.0.0.1:8080. Without root it
-measures loopback targets (127.0.0.x) instead, and says so.
+compressed so a lab hour passes in a real minute), starts an ``iepm agent`` in every site (it
+leases iperf3 and the memory-to-memory copies' servers, xrootd and GridFTP, one test at a time)
+and softflowd on the monitor's interface exporting NetFlow v9 to ``iepm flows collect`` into the
+demo's archive, and runs short probes from the lab's monitor namespace so the pages fill within
+minutes, while ``iepm serve``'s dashboard runs on 127.0.0.1:8080. A copy whose tools are missing
+is left out with a line saying what to install; ``--no-copies`` gives plain ``iperf3 -s`` servers
+instead of agents. Without root it measures loopback targets (127.0.0.x) instead, and says so.
 
-Ctrl-C (or SIGTERM) ends it: the web server stops, every iperf3 server is stopped by its PID and
-the lab is torn down. The archive and raw logs stay in ``--workdir`` (``var/demo``).
+Ctrl-C (or SIGTERM, or the end of ``--cycles``) ends it: the web server stops, every agent (with
+its servers), softflowd, the collector (after storing what it holds) and iperf3 server is
+stopped by its PID and process group, their scratch directories removed and the lab torn down.
+The archive, raw logs and the processes' logs (``logs/``) stay in ``--workdir`` (``var/demo``).
 """
 
 from __future__ import annotations
@@ -582,7 +587,8 @@ class Demo:
         return asyncio.run(self.open().run(cycles=cycles, on_cycle=on_cycle))
 
     def close(self) -> None:
-        """Stop the servers (by PID) and tear the lab down; safe to call twice."""
+        """Stop the agents, servers and flow processes (by PID) and tear the lab down; safe to
+        call twice."""
         self.stack.close()
 
     def __enter__(self) -> Demo:
@@ -672,7 +678,7 @@ def run_demo(
                 f"try: iepm serve --db {demo.config.monitor.archive}"
             )
     except KeyboardInterrupt:
-        console.print("iepm demo: stopped; servers and lab removed")
+        console.print("iepm demo: stopped; agents, servers, flow exporter and lab removed")
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -94,6 +94,8 @@ def test_lab_demo_serves_and_ctrl_c_removes_everything(tmp_path: Path) -> None:
         found = demo.wait_for(r"agents PIDs ([\d, ]+) \(", 90).group(1)
         pids = [int(p) for p in found.split(", ")]
         assert len(pids) == 6  # one agent per site
+        flows = demo.wait_for(r"into the archive: PIDs ([\d, ]+)\n", 30).group(1)
+        pids += [int(p) for p in flows.split(", ")]  # the collector and softflowd
         url = demo.wait_for(r"dashboard at (http://\S+)", 30).group(1)
         assert url == f"http://127.0.0.1:{port}/"
         # The first iperf3 result arrives within the first few tests through the agents.
@@ -113,7 +115,7 @@ def test_lab_demo_serves_and_ctrl_c_removes_everything(tmp_path: Path) -> None:
             demo.proc.send_signal(signal.SIGINT)
     out = demo.finish(60)
     assert demo.proc.returncode == 0, out
-    assert "stopped; servers and lab removed" in out
+    assert "stopped; agents, servers, flow exporter and lab removed" in out
     assert not [ns for ns in list_netns() if ns.startswith(f"{name}-")]
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
     assert not Path(f"/run/iepm-lab/{name}.json").exists()
