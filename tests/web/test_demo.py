@@ -19,10 +19,14 @@ import httpx
 import psutil
 import pytest
 
+from iepm import demo as demo_module
 from iepm.flows.compare import match
 from iepm.flows.store import read_flows
 from iepm.lab.netns import list_netns
 from iepm.lab.testing import unique_lab_name
+from iepm.lab.topology import load_topology
+from iepm.lab.topology import plan as topology_plan
+from iepm.probes import PROBES
 from iepm.store import Archive
 from tests.helpers import free_port
 
@@ -249,3 +253,35 @@ def test_loopback_demo_runs_its_cycles(tmp_path: Path) -> None:
             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
         ]
         assert not listening
+
+
+def test_a_copy_whose_tools_are_missing_is_left_out_with_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shutil.which
+    missing = ("xrootd", "globus-url-copy")
+    monkeypatch.setattr(shutil, "which", lambda name: None if name in missing else real(name))
+    said: list[str] = []
+    names = [m.NAME for m in demo_module.copy_probes(said.append)]
+    assert "xrdcp_mem" not in names and "gridftp_mem" not in names
+    assert (
+        "iepm demo: no xrdcp_mem copies: its server xrootd "
+        "(Debian: apt-get install xrootd-server) not installed" in said
+    )
+    assert "iepm demo: no gridftp_mem copies: its client globus-url-copy not installed" in said
+
+
+def test_copies_are_sized_from_the_demo_lab_paths() -> None:
+    plan = topology_plan(load_topology(demo_module.TOPOLOGY))
+    sizes = {
+        site: demo_module.copy_params(
+            PROBES["xrdcp_mem"], demo_module.expected_mbit(plan, "mon", site)
+        )
+        for site in ("slac", "fnal", "cern", "desy", "kek", "ihep")
+    }
+    # slac's 1 Gbit/s capped at 32M; cern at its backup route's 30 Mbit/s (the event's); desy and
+    # ihep at the Mathis limit of 4 streams over their loss and RTT (~5 and ~2 Mbit/s): 1M.
+    assert {site: p["size"] for site, p in sizes.items()} == {
+        "slac": "32M", "fnal": "25M", "cern": "7M", "desy": "1M", "kek": "25M", "ihep": "1M",
+    }  # fmt: skip
+    assert all(p["streams"] == 4 and p["duration_s"] == 30 for p in sizes.values())
