@@ -177,6 +177,7 @@ COPY_DEADLINE_S = 30.0
 COPY_CONNECT_S = 15  # set-up on a 290 ms, 1 % loss path takes several seconds
 COPY_EVERY_S = 240.0
 AGENT_IPERF3_EVERY_S = 60.0
+AGENT_REQUEST_S = 30.0
 AGENT_GRACE_S = 15  # a slot's server lives duration + this: a loaded host starts tests late
 MSS_BYTES = 1448
 UNLIMITED_MBIT = 1000.0  # a lab link without a rate: about what one delay line carries here
@@ -399,6 +400,9 @@ class Demo:
                     t["agent"] = {
                         "url": f"http://{t['address']}:{AGENT_PORT}",
                         "credential_file": str(scratch / f"{t['site']}.token"),
+                        # A busy host's agent may take more than the default 10 s to start
+                        # a server (the demo's run at load 20 saw 4 of 130 leases time out).
+                        "request_timeout_s": AGENT_REQUEST_S,
                     }
                     t["probes"] = [*DEMO_PROBES, *(m.NAME for m in modules)]
                     rate = expected_mbit(lab.plan, monitors[0], t["site"])
