@@ -401,7 +401,7 @@ class Demo:
                         "url": f"http://{t['address']}:{AGENT_PORT}",
                         "credential_file": str(scratch / f"{t['site']}.token"),
                         # A busy host's agent may take more than the default 10 s to start
-                        # a server (the demo's run at load 20 saw 4 of 130 leases time out).
+                        # a server (the demo's run at load 20 saw 4 of 179 leases time out).
                         "request_timeout_s": AGENT_REQUEST_S,
                     }
                     t["probes"] = [*DEMO_PROBES, *(m.NAME for m in modules)]
