@@ -125,9 +125,10 @@ def demo_config(
         if agent := t.get("agent"):
             lines += ['mode = "agent"', "[targets.agent]"]
             lines += [f"{k} = {_toml_value(v)}" for k, v in agent.items()]
-        else:
-            lines += ["[targets.iperf3]", f"port = {t['port']}"]
-        for probe, params in t.get("params", {}).items():
+        params_of = dict(t.get("params", {}))
+        if not t.get("agent"):
+            params_of["iperf3"] = {"port": t["port"], **params_of.get("iperf3", {})}
+        for probe, params in params_of.items():
             lines += [f"[targets.{probe}]", *(f"{k} = {_toml_value(v)}" for k, v in params.items())]
         lines.append("")
     return "\n".join(lines)
@@ -176,7 +177,13 @@ COPY_MAX_MB = 32
 COPY_DEADLINE_S = 30.0
 COPY_CONNECT_S = 15  # set-up on a 290 ms, 1 % loss path takes several seconds
 COPY_EVERY_S = 240.0
-AGENT_IPERF3_EVERY_S = 60.0
+# With agents iperf3 is the seed's tuned test, not the 30 s cycle's quick one: IPERF3_STREAMS
+# streams for IPERF3_SECONDS (slow start is ~1 s of it on the 290 ms path), each with a window
+# of its share of the path's bandwidth-delay product (iperf3_params), every 120 s.
+IPERF3_STREAMS = 4
+IPERF3_SECONDS = 8
+IPERF3_MIN_WINDOW_KB = 128
+AGENT_IPERF3_EVERY_S = 120.0
 AGENT_REQUEST_S = 30.0
 AGENT_GRACE_S = 15  # a slot's server lives duration + this: a loaded host starts tests late
 MSS_BYTES = 1448
@@ -245,6 +252,34 @@ def expected_mbit(plan: Any, monitor: str, site: str, streams: int = COPY_STREAM
             rate = min(rate, streams * 1.22 * MSS_BYTES * 8 / (rtt_s * math.sqrt(loss)) / 1e6)
         rates.append(rate)
     return min(rates)
+
+
+def bdp_bytes(plan: Any, monitor: str, site: str) -> int:
+    """The largest bandwidth-delay product (narrowest link × round-trip delay) from the
+    monitor to ``site`` over its route now and any route an event switches it to."""
+    paths = [_route(plan, monitor, site)]
+    paths += [
+        list(e.path)
+        for e in plan.topology.events
+        if e.action == "route" and e.path and e.path[-1] == site
+    ]
+    out = 0.0
+    for path in paths:
+        links = _walk_links(plan, path)
+        rate = min((f.rate_mbit or UNLIMITED_MBIT for f, _ in links), default=UNLIMITED_MBIT)
+        rtt_s = sum(f.delay_ms + b.delay_ms for f, b in links) / 1000.0
+        out = max(out, rate * 1e6 / 8 * rtt_s)
+    return math.ceil(out)
+
+
+def iperf3_params(bdp: int) -> dict[str, Any]:
+    """The seed's tuned iperf3 for a path of ``bdp`` bytes in flight: IPERF3_STREAMS streams,
+    each with a window (-w) of the power of two in KiB at or above its share of the product
+    (at least IPERF3_MIN_WINDOW_KB), for IPERF3_SECONDS."""
+    share_kb = math.ceil(bdp / IPERF3_STREAMS / 1024)
+    window_kb = max(IPERF3_MIN_WINDOW_KB, 1 << max(0, share_kb - 1).bit_length())
+    window = f"{window_kb // 1024}M" if window_kb % 1024 == 0 else f"{window_kb}K"
+    return {"streams": IPERF3_STREAMS, "window": window, "duration_s": IPERF3_SECONDS}
 
 
 def copy_params(module: ModuleType, rate_mbit: float) -> dict[str, Any]:
@@ -407,6 +442,9 @@ class Demo:
                     t["probes"] = [*DEMO_PROBES, *(m.NAME for m in modules)]
                     rate = expected_mbit(lab.plan, monitors[0], t["site"])
                     t["params"] = {m.NAME: copy_params(m, rate) for m in modules}
+                    t["params"]["iperf3"] = iperf3_params(
+                        bdp_bytes(lab.plan, monitors[0], t["site"])
+                    )
             else:
                 for site in sites:
                     proc = lab.popen(site, ["iperf3", "-s", "-B", lab.address(site), "-p", "5201"])
@@ -432,7 +470,8 @@ class Demo:
             config = load_config_text(text, workdir / "targets.toml")
             started = (
                 f"agents PIDs {', '.join(str(p.pid) for p in agents)} (iperf3 and "
-                f"{', '.join(m.NAME for m in modules)}: iperf3 every {AGENT_IPERF3_EVERY_S:g} s, "
+                f"{', '.join(m.NAME for m in modules)}: iperf3 ({IPERF3_STREAMS} streams, "
+                f"{IPERF3_SECONDS} s, windows from the paths) every {AGENT_IPERF3_EVERY_S:g} s, "
                 f"copies every {COPY_EVERY_S:g} s)"
                 if agents
                 else f"iperf3 servers PIDs {', '.join(str(p.pid) for p in servers)}"

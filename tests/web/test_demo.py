@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from iepm import demo as demo_module
+from iepm.config import load_config_text
 from iepm.flows.compare import match
 from iepm.flows.store import read_flows
 from iepm.lab.netns import list_netns
@@ -215,6 +216,13 @@ def test_lab_demo_stores_copies_and_flow_records_and_leaves_nothing(tmp_path: Pa
         assert {r.params["size"] for r in copies if r.target == "fnal"} <= {"25M"}
         iperf = [r for r in archive.results(probe="iperf3") if r.succeeded]
         assert iperf, out
+        # The seed's tuned test: 4 streams for 8 s, each stream's window from its path's BDP.
+        tuned = {
+            (r.target, r.params["streams"], r.params["window"], r.data["stream_count"])
+            for r in iperf
+        }
+        assert tuned <= {("slac", 4, "256K", 4), ("fnal", 4, "256K", 4)}, tuned
+        assert {r.params["duration_s"] for r in iperf} == {8}
         records = list(read_flows(archive))
         assert records, (work / "logs" / "collector.log").read_text()
         # The comparison page has data: tests matched to their own flows (address, port, time).
@@ -285,3 +293,39 @@ def test_copies_are_sized_from_the_demo_lab_paths() -> None:
         "slac": "32M", "fnal": "25M", "cern": "7M", "desy": "1M", "kek": "25M", "ihep": "1M",
     }  # fmt: skip
     assert all(p["streams"] == 4 and p["duration_s"] == 30 for p in sizes.values())
+
+
+def test_iperf3_is_tuned_from_the_demo_lab_paths() -> None:
+    plan = topology_plan(load_topology(demo_module.TOPOLOGY))
+    params = {
+        site: demo_module.iperf3_params(demo_module.bdp_bytes(plan, "mon", site))
+        for site in ("slac", "fnal", "cern", "desy", "kek", "ihep")
+    }
+    # Each of 4 streams gets a power of two at or above its quarter of the path's bandwidth-delay
+    # product: slac 1 Gbit/s × 5.2 ms = 650 kB; cern 200 Mbit/s × 148 ms = 3.7 MB (its primary
+    # route, above the backup's 30 Mbit/s × 192 ms); kek 100 Mbit/s × 110 ms = 1.4 MB; ihep
+    # 10 Mbit/s × 290 ms = 363 kB, at the 128K floor.
+    assert {site: p["window"] for site, p in params.items()} == {
+        "slac": "256K", "fnal": "256K", "cern": "1M", "desy": "256K", "kek": "512K", "ihep": "128K",
+    }  # fmt: skip
+    assert all(p["streams"] == 4 and p["duration_s"] == 8 for p in params.values())
+    assert demo_module.iperf3_params(4 * 1024 * 1024 + 1)["window"] == "2M"
+
+
+def test_demo_config_gives_each_target_its_iperf3_parameters(tmp_path: Path) -> None:
+    agent = {"url": "http://198.18.0.12:8700", "credential_file": str(tmp_path / "cern.token")}
+    targets = [
+        {"name": "cern", "address": "198.18.0.12", "site": "cern", "agent": agent,
+         "params": {"iperf3": demo_module.iperf3_params(3_710_000)}},
+        {"name": "plain", "address": "198.18.0.11", "site": "fnal", "port": 5201,
+         "params": {"iperf3": {"streams": 2}}},
+    ]  # fmt: skip
+    text = demo_module.demo_config(
+        tmp_path, targets, monitor="mon", netns=None, schedule={"iperf3": 120.0}
+    )
+    config = load_config_text(text, tmp_path / "targets.toml")
+    # The target's own table overrides the demo's quick 2 s default.
+    cern = config.spec_for(config.target("cern"), "iperf3").model_dump()
+    assert (cern["streams"], cern["window"], cern["duration_s"]) == (4, "1M", 8)
+    plain = config.spec_for(config.target("plain"), "iperf3").model_dump()
+    assert (plain["port"], plain["streams"], plain["duration_s"]) == (5201, 2, 2)
