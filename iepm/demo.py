@@ -2,28 +2,38 @@
 
 As root, brings up the lab in ``examples/lab/demo.toml`` (six sites 5–300 ms away, 10 Mbit/s to
 1 Gbit/s bottlenecks, lossy paths, cross traffic and a scheduled route change, with time
-compressed so a lab hour passes in a real minute), starts an ``iperf3 -s`` in every site, and
-runs measurement cycles from the lab's monitor namespace with short probes so the pages fill
-within minutes, while ``iepm serve``'s dashboard runs on 127.0.0.1:8080. Without root it
-measures loopback targets (127.0.0.x) instead, and says so.
+compressed so a lab hour passes in a real minute), starts an ``iepm agent`` in every site (it
+leases iperf3 and the memory-to-memory copies' servers, xrootd and GridFTP, one test at a time)
+and softflowd on the monitor's interface exporting NetFlow v9 to ``iepm flows collect`` into the
+demo's archive, and runs short probes from the lab's monitor namespace so the pages fill within
+minutes, while ``iepm serve``'s dashboard runs on 127.0.0.1:8080. A copy whose tools are missing
+is left out with a line saying what to install; ``--no-copies`` gives plain ``iperf3 -s`` servers
+instead of agents. Without root it measures loopback targets (127.0.0.x) instead, and says so.
 
-Ctrl-C (or SIGTERM) ends it: the web server stops, every iperf3 server is stopped by its PID and
-the lab is torn down. The archive and raw logs stay in ``--workdir`` (``var/demo``).
+Ctrl-C (or SIGTERM, or the end of ``--cycles``) ends it: the web server stops, every agent (with
+its servers), softflowd, the collector (after storing what it holds) and iperf3 server is
+stopped by its PID and process group, their scratch directories removed and the lab torn down.
+The archive, raw logs and the processes' logs (``logs/``) stay in ``--workdir`` (``var/demo``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
+import math
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -59,6 +69,7 @@ wait_s = 1.0
 [defaults.iperf3]
 duration_s = 2
 """
+DEMO_PROBES = ("ping", "traceroute", "iperf3", "load")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -72,6 +83,11 @@ def _toml_str(value: str | Path) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _toml_value(value: object) -> str:
+    """A scalar or list of scalars as TOML (JSON's forms are TOML's for these)."""
+    return _toml_str(value) if isinstance(value, str | Path) else json.dumps(value)
+
+
 def demo_config(
     workdir: Path,
     targets: list[dict[str, Any]],
@@ -79,8 +95,13 @@ def demo_config(
     monitor: str,
     netns: str | None,
     interval_s: float = CYCLE_INTERVAL_S,
+    schedule: dict[str, float] | None = None,
 ) -> str:
-    """targets.toml for the demo: ``targets`` are dicts with name, address, site, port."""
+    """targets.toml for the demo: ``targets`` are dicts with name, address, site and port (a
+    plain iperf3 server's) or ``agent`` (url and credential_file of the site's agent), and
+    optionally ``probes`` (default: ping, traceroute, iperf3, load) and ``params`` (probe →
+    that probe's parameters for the target). ``schedule``: probe → seconds between its runs
+    (the other probes run every cycle)."""
     lines = [
         "[monitor]",
         f"name = {_toml_str(monitor)}",
@@ -91,17 +112,25 @@ def demo_config(
     if netns:
         lines.append(f"netns = {_toml_str(netns)}")
     lines.append(PROBE_DEFAULTS)
+    if schedule:
+        lines += ["[schedule]", *(f"{k} = {v:g}" for k, v in schedule.items()), ""]
     for t in targets:
         lines += [
             "[[targets]]",
             f"name = {_toml_str(t['name'])}",
             f"address = {_toml_str(t['address'])}",
             f"site = {_toml_str(t['site'])}",
-            'probes = ["ping", "traceroute", "iperf3", "load"]',
-            "[targets.iperf3]",
-            f"port = {t['port']}",
-            "",
+            f"probes = {_toml_value(list(t.get('probes', DEMO_PROBES)))}",
         ]
+        if agent := t.get("agent"):
+            lines += ['mode = "agent"', "[targets.agent]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in agent.items()]
+        params_of = dict(t.get("params", {}))
+        if not t.get("agent"):
+            params_of["iperf3"] = {"port": t["port"], **params_of.get("iperf3", {})}
+        for probe, params in params_of.items():
+            lines += [f"[targets.{probe}]", *(f"{k} = {_toml_value(v)}" for k, v in params.items())]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -131,6 +160,191 @@ def loopback_server(host: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
         server.stop()
 
 
+# -- copies through agents, flow records through softflowd (lab mode) --------------------------
+
+AGENT_PORT = 8700
+AGENT_SERVER_PORTS = (5301, 5399)
+AGENT_START_S = 60.0
+COLLECTOR_PORT = 2055
+# The collector stores what is still queued when it is stopped (a busy host may be behind).
+COLLECTOR_STOP_S = 60.0
+# Each copy moves about this many seconds of what its path can carry, in this many streams;
+# a test through an agent costs a lease on top of its run (a few seconds on a busy host), so
+# with agents iperf3 runs every 2 cycles and the copies every 8, one at a time as always.
+COPY_SECONDS = 2.0
+COPY_STREAMS = 4
+COPY_MAX_MB = 32
+COPY_DEADLINE_S = 30.0
+COPY_CONNECT_S = 15  # set-up on a 290 ms, 1 % loss path takes several seconds
+COPY_EVERY_S = 240.0
+# With agents iperf3 is the seed's tuned test, not the 30 s cycle's quick one: IPERF3_STREAMS
+# streams for IPERF3_SECONDS (slow start is ~1 s of it on the 290 ms path), each with a window
+# of its share of the path's bandwidth-delay product (iperf3_params), every 120 s.
+IPERF3_STREAMS = 4
+IPERF3_SECONDS = 8
+IPERF3_MIN_WINDOW_KB = 128
+AGENT_IPERF3_EVERY_S = 120.0
+AGENT_REQUEST_S = 30.0
+AGENT_GRACE_S = 15  # a slot's server lives duration + this: a loaded host starts tests late
+MSS_BYTES = 1448
+UNLIMITED_MBIT = 1000.0  # a lab link without a rate: about what one delay line carries here
+
+
+def copy_probes(say: Callable[[str], None]) -> list[ModuleType]:
+    """The memory-to-memory copies a site's agent can serve (from the registry: ``META.copy``
+    is "memory" and ``META.server`` a kind the agent leases), each left out — with a line
+    saying what to install — when its client or its server is not installed."""
+    from iepm.probes import PROBES
+    from iepm.remote.servers import KINDS
+
+    found = []
+    for name, module in sorted(PROBES.items()):
+        kind = KINDS.get(module.META.server or "")
+        if module.META.copy != "memory" or kind is None:
+            continue
+        missing = []
+        if shutil.which(module.TOOL) is None:
+            missing.append(f"its client {module.TOOL}")
+        if shutil.which(kind.program) is None:
+            missing.append(f"its server {kind.program} (Debian: apt-get install {kind.package})")
+        if missing:
+            say(f"iepm demo: no {name} copies: {' and '.join(missing)} not installed")
+        else:
+            found.append(module)
+    return found
+
+
+def _walk_links(plan: Any, path: list[str]) -> list[tuple[Any, Any]]:
+    """(forward params, backward params) of each link along ``path``."""
+    out = []
+    for here, there in itertools.pairwise(path):
+        link = plan.link_between(here, there)
+        out.append((link.ab, link.ba) if here == link.a else (link.ba, link.ab))
+    return out
+
+
+def _route(plan: Any, source: str, dest: str) -> list[str]:
+    path, node = [source], source
+    while node != dest and len(path) <= len(plan.roles):
+        node = plan.links[plan.routes[node][dest]].peer(node)
+        path.append(node)
+    return path
+
+
+def expected_mbit(plan: Any, monitor: str, site: str, streams: int = COPY_STREAMS) -> float:
+    """What ``streams`` TCP streams from the monitor to ``site`` can expect from the lab: the
+    narrowest link, and on a lossy path the Mathis et al. limit (1.22·MSS / (RTT·√p) a
+    stream); the lowest over the site's route now and any route an event switches it to."""
+    paths = [_route(plan, monitor, site)]
+    for event in plan.topology.events:
+        if event.action == "route" and event.path and event.path[-1] == site:
+            paths.append(list(event.path))
+    rates = []
+    for path in paths:
+        links = _walk_links(plan, path)
+        rate = min((f.rate_mbit or UNLIMITED_MBIT for f, _ in links), default=UNLIMITED_MBIT)
+        rtt_s = sum(f.delay_ms + b.delay_ms for f, b in links) / 1000.0
+        delivered = 1.0
+        for f, _ in links:
+            delivered *= 1.0 - f.loss_percent / 100.0
+        loss = 1.0 - delivered
+        if loss > 0 and rtt_s > 0:
+            rate = min(rate, streams * 1.22 * MSS_BYTES * 8 / (rtt_s * math.sqrt(loss)) / 1e6)
+        rates.append(rate)
+    return min(rates)
+
+
+def bdp_bytes(plan: Any, monitor: str, site: str) -> int:
+    """The largest bandwidth-delay product (narrowest link × round-trip delay) from the
+    monitor to ``site`` over its route now and any route an event switches it to."""
+    paths = [_route(plan, monitor, site)]
+    paths += [
+        list(e.path)
+        for e in plan.topology.events
+        if e.action == "route" and e.path and e.path[-1] == site
+    ]
+    out = 0.0
+    for path in paths:
+        links = _walk_links(plan, path)
+        rate = min((f.rate_mbit or UNLIMITED_MBIT for f, _ in links), default=UNLIMITED_MBIT)
+        rtt_s = sum(f.delay_ms + b.delay_ms for f, b in links) / 1000.0
+        out = max(out, rate * 1e6 / 8 * rtt_s)
+    return math.ceil(out)
+
+
+def iperf3_params(bdp: int) -> dict[str, Any]:
+    """The seed's tuned iperf3 for a path of ``bdp`` bytes in flight: IPERF3_STREAMS streams,
+    each with a window (-w) of the power of two in KiB at or above its share of the product
+    (at least IPERF3_MIN_WINDOW_KB), for IPERF3_SECONDS."""
+    share_kb = math.ceil(bdp / IPERF3_STREAMS / 1024)
+    window_kb = max(IPERF3_MIN_WINDOW_KB, 1 << max(0, share_kb - 1).bit_length())
+    window = f"{window_kb // 1024}M" if window_kb % 1024 == 0 else f"{window_kb}K"
+    return {"streams": IPERF3_STREAMS, "window": window, "duration_s": IPERF3_SECONDS}
+
+
+def copy_params(module: ModuleType, rate_mbit: float) -> dict[str, Any]:
+    """A copy of about COPY_SECONDS at ``rate_mbit`` (1M to COPY_MAX_MB), COPY_STREAMS streams
+    where the probe has streams, killed at COPY_DEADLINE_S."""
+    size_mb = max(1, min(COPY_MAX_MB, int(rate_mbit * COPY_SECONDS / 8)))
+    wanted = {
+        "size": f"{size_mb}M",
+        "streams": COPY_STREAMS,
+        "duration_s": COPY_DEADLINE_S,
+        "connect_timeout_s": COPY_CONNECT_S,
+    }
+    return {k: v for k, v in wanted.items() if k in module.Spec.model_fields}
+
+
+def agent_toml(
+    site: str, address: str, base: Path, memory: Path, monitor: str, token: str, kinds: list[str]
+) -> str:
+    """agent.toml of a site's agent: this demo's monitor may lease ``kinds`` within limits
+    that fit the demo's tests."""
+    from iepm.remote.trust import token_digest
+
+    low, high = AGENT_SERVER_PORTS
+    return "\n".join(
+        [
+            "[agent]",
+            f"name = {_toml_str(site)}",
+            f"state_dir = {_toml_str(base / 'state')}",
+            f"memory_dir = {_toml_str(memory)}",
+            f"server_ports = [{low}, {high}]",
+            f"server_bind = {_toml_str(address)}",
+            f"slot_grace_s = {AGENT_GRACE_S}",
+            "",
+            "[[monitors]]",
+            f"name = {_toml_str(monitor)}",
+            f"token_sha256 = {_toml_str(token_digest(token))}",
+            f"probes = {_toml_value(kinds)}",
+            "[monitors.limits]",
+            f"max_duration_s = {int(COPY_DEADLINE_S) * 2}",
+            "max_streams = 8",
+            'max_window = "16M"',
+            "tests_per_hour = 3600",
+            f'max_size = "{COPY_MAX_MB}M"',
+            "",
+        ]
+    )
+
+
+def _wait(
+    what: str, ready: Callable[[], bool], procs: list[subprocess.Popen[bytes]], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        dead = [p.pid for p in procs if p.poll() is not None]
+        if dead:
+            raise LabError(f"{what}: PID {', '.join(map(str, dead))} exited (see its log)")
+        if time.monotonic() > deadline:
+            raise LabError(f"{what}: not ready after {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def _udp_listening(lab: Any, node: str, port: int) -> bool:
+    return bool(lab.exec(node, ["ss", "-Hlun", f"sport = :{port}"], 10).stdout.strip())
+
+
 # -- the demo ---------------------------------------------------------------------------------
 
 
@@ -147,6 +361,9 @@ class Demo:
     mode: str  # "lab" or "loopback"
     lab: Any = None
     servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Lab mode: each site's agent; the flow collector and its exporters (softflowd).
+    agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    exporters: list[subprocess.Popen[bytes]] = field(default_factory=list)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     archive: Archive | None = None
     scheduler: Scheduler | None = None
@@ -160,11 +377,16 @@ class Demo:
         topology: str | Path | dict[str, Any] = TOPOLOGY,
         lab_name: str | None = None,
         say: Callable[[str], None] = print,
+        copies: bool = False,
+        flows: bool = False,
     ) -> Demo:
+        """``copies``: an agent in each site and the memory-to-memory copies through it;
+        ``flows``: softflowd on the monitor's interfaces exporting to iepm's collector (lab
+        only; ``iepm demo`` asks for both)."""
         workdir.mkdir(parents=True, exist_ok=True)
         reason = "--loopback was given" if loopback else _lab_unavailable()
         if reason is None:
-            return cls._start_lab(workdir, topology, lab_name, say)
+            return cls._start_lab(workdir, topology, lab_name, say, copies=copies, flows=flows)
         say(f"iepm demo: no WAN lab ({reason}); measuring loopback targets 127.0.0.x instead")
         return cls._start_loopback(workdir)
 
@@ -175,6 +397,9 @@ class Demo:
         topology: str | Path | dict[str, Any],
         lab_name: str | None,
         say: Callable[[str], None],
+        *,
+        copies: bool,
+        flows: bool,
     ) -> Demo:
         from iepm.lab import Lab
 
@@ -192,37 +417,178 @@ class Demo:
             stack.enter_context(lab)
             monitors = [h["name"] for h in raw["hosts"] if h.get("role") == "monitor"]
             sites = [h["name"] for h in raw["hosts"] if h.get("role") == "target"]
-            servers = []
-            for site in sites:
-                proc = lab.popen(site, ["iperf3", "-s", "-B", lab.address(site), "-p", "5201"])
-                servers.append(proc)
-                stack.callback(lab.stop, proc)
-            deadline = time.monotonic() + SERVER_START_S
-            waiting = list(sites)
-            while waiting and time.monotonic() < deadline:
-                waiting = [s for s in waiting if not lab.listening(s, IPERF3_PORT)]
-                if waiting:
-                    time.sleep(0.1)
-            if waiting:
-                raise LabError(f"iperf3 servers in {', '.join(waiting)} did not start")
-            targets = [
+            monitor = f"{lab.name}-{monitors[0]}"
+            logs = workdir / "logs"
+            logs.mkdir(exist_ok=True)
+            # Agents' state and tokens, softflowd's pid files: removed after all of them stop.
+            scratch = Path(tempfile.mkdtemp(prefix=f"iepm-demo-{lab.name}-", dir="/var/tmp"))
+            stack.callback(shutil.rmtree, scratch, True)
+            modules = copy_probes(say) if copies else []
+            targets: list[dict[str, Any]] = [
                 {"name": s, "address": lab.address(s), "site": s, "port": IPERF3_PORT}
                 for s in sites
             ]
+            servers, agents = [], []
+            if modules:
+                agents = cls._start_agents(lab, sites, monitor, scratch, logs, modules, stack)
+                for t in targets:
+                    t["agent"] = {
+                        "url": f"http://{t['address']}:{AGENT_PORT}",
+                        "credential_file": str(scratch / f"{t['site']}.token"),
+                        # A busy host's agent may take more than the default 10 s to start
+                        # a server (the demo's run at load 20 saw 4 of 179 leases time out).
+                        "request_timeout_s": AGENT_REQUEST_S,
+                    }
+                    t["probes"] = [*DEMO_PROBES, *(m.NAME for m in modules)]
+                    rate = expected_mbit(lab.plan, monitors[0], t["site"])
+                    t["params"] = {m.NAME: copy_params(m, rate) for m in modules}
+                    t["params"]["iperf3"] = iperf3_params(
+                        bdp_bytes(lab.plan, monitors[0], t["site"])
+                    )
+            else:
+                for site in sites:
+                    proc = lab.popen(site, ["iperf3", "-s", "-B", lab.address(site), "-p", "5201"])
+                    servers.append(proc)
+                    stack.callback(lab.stop, proc)
+                _wait(
+                    "iperf3 servers",
+                    lambda: all(lab.listening(s, IPERF3_PORT) for s in sites),
+                    servers,
+                    SERVER_START_S,
+                )
+            url = "sqlite:///" + str((workdir / "archive.db").resolve())
+            exporters = []
+            if flows:
+                exporters = cls._start_flows(lab, monitors[0], url, scratch, logs, stack, say)
+            schedule = {m.NAME: COPY_EVERY_S for m in modules}
+            if modules:
+                schedule["iperf3"] = AGENT_IPERF3_EVERY_S
             text = demo_config(
-                workdir, targets, monitor=f"{lab.name}-{monitors[0]}", netns=lab.netns(monitors[0])
+                workdir, targets, monitor=monitor, netns=lab.netns(monitors[0]), schedule=schedule
             )
             (workdir / "targets.toml").write_text(text, encoding="utf-8")
             config = load_config_text(text, workdir / "targets.toml")
-            say(
-                f"iepm demo: lab {lab.name} is up: {len(sites)} sites "
-                f"({', '.join(sites)}), iperf3 servers PIDs "
-                f"{', '.join(str(p.pid) for p in servers)}"
+            started = (
+                f"agents PIDs {', '.join(str(p.pid) for p in agents)} (iperf3 and "
+                f"{', '.join(m.NAME for m in modules)}: iperf3 ({IPERF3_STREAMS} streams, "
+                f"{IPERF3_SECONDS} s, windows from the paths) every {AGENT_IPERF3_EVERY_S:g} s, "
+                f"copies every {COPY_EVERY_S:g} s)"
+                if agents
+                else f"iperf3 servers PIDs {', '.join(str(p.pid) for p in servers)}"
             )
+            say(f"iepm demo: lab {lab.name} is up: {len(sites)} sites ({', '.join(sites)})")
+            say(f"iepm demo: {started}")
         except BaseException:
             stack.close()
             raise
-        return cls(workdir, config, "lab", lab=lab, servers=servers, stack=stack)
+        return cls(
+            workdir,
+            config,
+            "lab",
+            lab=lab,
+            servers=servers,
+            agents=agents,
+            exporters=exporters,
+            stack=stack,
+        )
+
+    @staticmethod
+    def _start_agents(
+        lab: Any,
+        sites: list[str],
+        monitor: str,
+        scratch: Path,
+        logs: Path,
+        modules: list[ModuleType],
+        stack: contextlib.ExitStack,
+    ) -> list[subprocess.Popen[bytes]]:
+        """An ``iepm agent`` in each site's namespace, leasing iperf3 and the copies' servers
+        to this monitor; its state under ``scratch``, its memory slots on /dev/shm."""
+        from iepm.remote.trust import new_token
+
+        memory = Path(tempfile.mkdtemp(prefix=f"iepm-demo-{lab.name}-", dir="/dev/shm"))
+        stack.callback(shutil.rmtree, memory, True)
+        # The copy servers run as nobody, who must reach the slots all the way down.
+        for path in (scratch, memory):
+            path.chmod(0o755)
+        kinds = ["iperf3", *sorted({m.META.server for m in modules if m.META.server})]
+        agents = []
+        for site in sites:
+            token = new_token()
+            token_file = scratch / f"{site}.token"
+            token_file.write_text(token + "\n", encoding="utf-8")
+            token_file.chmod(0o600)
+            base = scratch / site
+            (base / "state").mkdir(parents=True)
+            for path in (base, base / "state"):
+                path.chmod(0o755)
+            config = base / "agent.toml"
+            text = agent_toml(site, lab.address(site), base, memory / site, monitor, token, kinds)
+            config.write_text(text, encoding="utf-8")
+            argv = [sys.executable, "-m", "iepm.cli", "agent", "--config", str(config)]
+            argv += ["--listen", f"{lab.address(site)}:{AGENT_PORT}"]
+            proc = lab.popen(site, argv, log=logs / f"agent-{site}.log")
+            agents.append(proc)
+            stack.callback(lab.stop, proc)
+        _wait(
+            "the sites' agents",
+            lambda: all(lab.listening(s, AGENT_PORT) for s in sites),
+            agents,
+            AGENT_START_S,
+        )
+        return agents
+
+    @staticmethod
+    def _start_flows(
+        lab: Any,
+        monitor: str,
+        url: str,
+        scratch: Path,
+        logs: Path,
+        stack: contextlib.ExitStack,
+        say: Callable[[str], None],
+    ) -> list[subprocess.Popen[bytes]]:
+        """``iepm flows collect`` into the demo's archive and a softflowd on each of the
+        monitor's interfaces exporting NetFlow v9 to it, both in the monitor's namespace."""
+        from iepm.store import Archive
+
+        if shutil.which("softflowd") is None:
+            say(
+                "iepm demo: no flow records: softflowd is not installed "
+                "(Debian: apt-get install softflowd)"
+            )
+            return []
+        with Archive.open(url):
+            pass  # its tables exist before two processes write to it
+        argv = [sys.executable, "-m", "iepm.cli", "flows", "collect", "--db", url]
+        argv += ["--listen", f"127.0.0.1:{COLLECTOR_PORT}", "--flush-s", "1"]
+        collector = lab.popen(monitor, argv, log=logs / "collector.log")
+        # Registered before the exporters: stopped after them, it stores what they flush.
+        stack.callback(lab.stop, collector, COLLECTOR_STOP_S)
+        _wait(
+            "iepm flows collect",
+            lambda: _udp_listening(lab, monitor, COLLECTOR_PORT),
+            [collector],
+            SERVER_START_S * 3,
+        )
+        devs = [
+            link.dev(monitor) for link in lab.plan.links.values() if monitor in (link.a, link.b)
+        ]
+        exporters = [collector]
+        for dev in devs:
+            argv = ["softflowd", "-d", "-i", dev, "-v", "9", "-n", f"127.0.0.1:{COLLECTOR_PORT}"]
+            # A stream is exported as soon as it ends, so each test's flows come within seconds.
+            argv += ["-t", "expint=1", "-t", "tcp.fin=1", "-t", "tcp.rst=1", "-t", "tcp=30"]
+            argv += ["-p", str(scratch / f"softflowd-{dev}.pid")]
+            argv += ["-c", str(scratch / f"softflowd-{dev}.ctl")]
+            proc = lab.popen(monitor, argv, log=logs / f"softflowd-{dev}.log")
+            exporters.append(proc)
+            stack.callback(lab.stop, proc)
+        say(
+            f"iepm demo: softflowd on {', '.join(devs)} exports NetFlow v9 to iepm flows collect "
+            f"into the archive: PIDs {', '.join(str(p.pid) for p in exporters)}"
+        )
+        return exporters
 
     @classmethod
     def _start_loopback(cls, workdir: Path) -> Demo:
@@ -264,7 +630,8 @@ class Demo:
         return asyncio.run(self.open().run(cycles=cycles, on_cycle=on_cycle))
 
     def close(self) -> None:
-        """Stop the servers (by PID) and tear the lab down; safe to call twice."""
+        """Stop the agents, servers and flow processes (by PID) and tear the lab down; safe to
+        call twice."""
         self.stack.close()
 
     def __enter__(self) -> Demo:
@@ -294,6 +661,8 @@ def run_demo(
     loopback: bool = False,
     lab_name: str | None = None,
     topology: str | Path = TOPOLOGY,
+    copies: bool = True,
+    flows: bool = True,
 ) -> None:
     """The ``iepm demo`` command: start, serve, measure until Ctrl-C (or ``cycles`` cycles),
     then tear everything down."""
@@ -306,7 +675,13 @@ def run_demo(
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with Demo.start(
-            workdir, loopback=loopback, topology=topology, lab_name=lab_name, say=console.print
+            workdir,
+            loopback=loopback,
+            topology=topology,
+            lab_name=lab_name,
+            say=console.print,
+            copies=copies,
+            flows=flows,
         ) as demo:
 
             def on_result(result: Result) -> None:
@@ -346,7 +721,7 @@ def run_demo(
                 f"try: iepm serve --db {demo.config.monitor.archive}"
             )
     except KeyboardInterrupt:
-        console.print("iepm demo: stopped; servers and lab removed")
+        console.print("iepm demo: stopped; agents, servers, flow exporter and lab removed")
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -399,6 +774,20 @@ def demo_command(
         str | None, typer.Option("--lab-name", help="Name of the lab (default: iepmdemo).")
     ] = None,
     topology: Annotated[Path, typer.Option(help="Lab topology file.")] = TOPOLOGY,
+    copies: Annotated[
+        bool,
+        typer.Option(
+            "--copies/--no-copies",
+            help="Lab: an agent in each site and memory-to-memory copies through it.",
+        ),
+    ] = True,
+    flows: Annotated[
+        bool,
+        typer.Option(
+            "--flows/--no-flows",
+            help="Lab: softflowd on the monitor's interfaces exporting to iepm's collector.",
+        ),
+    ] = True,
 ) -> None:
     """Bring up a WAN lab of six sites (root) or loopback targets, measure them in cycles and
     serve the dashboard on 127.0.0.1:8080; Ctrl-C tears everything down."""
@@ -413,6 +802,8 @@ def demo_command(
             loopback=loopback,
             lab_name=lab_name,
             topology=topology,
+            copies=copies,
+            flows=flows,
         )
     except ValueError as exc:  # --listen; iepm's own errors take the table's code (guarded)
         raise fail(str(exc)) from None
