@@ -184,12 +184,37 @@ def test_the_receiver_returns_kernel_stamps_of_every_packet(
     after_ns = time.time_ns()
     assert doc["problems"] == []
     trains = tool.trains_from_doc(doc)
-    assert [len(t.received) for t in trains] == [3 * 16, 300]  # more than one report page
+    # A probe the sender was late for is skipped, never sent late (send()).
+    sent = 300 - doc["probes_skipped"]
+    assert [len(t.received) for t in trains] == [3 * 16, sent] == [len(t.sent_ns) for t in trains]
+    assert sent > tool.MAX_REPORT_ENTRIES  # more than one report page
     stamps = [ns for t in trains for _, ns in t.received]
     assert all(before_ns <= ns <= after_ns for ns in stamps)  # CLOCK_REALTIME, this run's
     assert server.wait(5) == 0
     assert server.popen.stdout is not None
-    assert f"done: {3 * 16 * 1500 + 300 * 64} bytes, kernel stamps" in server.popen.stdout.read()
+    assert f"done: {3 * 16 * 1500 + sent * 64} bytes, kernel stamps" in server.popen.stdout.read()
+
+
+def test_a_probe_the_sender_is_late_for_is_skipped_not_sent_with_the_next(
+    receiver: tuple[SyncSupervised, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every 4th probe's moment is missed by 2 ms (a sender descheduled): those are skipped,
+    not sent late, and every probe sent is stamped."""
+    _, port = receiver
+    real = tool._pace_until
+    calls = 0
+
+    def late_every_fourth(t_ns: int) -> None:
+        nonlocal calls
+        calls += 1
+        real(t_ns + (2_000_000 if calls % 4 == 0 else 0))
+
+    monkeypatch.setattr(tool, "_pace_until", late_every_fourth)
+    doc = tool.send("127.0.0.1", port, tool.Plan(probes=200, spread_s=0.4), deadline_s=5.0)
+    probes = tool.trains_from_doc(doc)[1]
+    assert doc["probes_skipped"] >= 50  # the 50 missed, and any this host's load made late
+    assert len(probes.sent_ns) == 200 - doc["probes_skipped"]
+    assert len(probes.received) == len(probes.sent_ns)
 
 
 def test_the_receiver_stops_past_its_byte_budget() -> None:
@@ -199,8 +224,10 @@ def test_the_receiver_stops_past_its_byte_budget() -> None:
         doc = tool.send("127.0.0.1", port, tool.Plan(probes=50, spread_s=0.05), deadline_s=3.0)
         assert server.wait(5) == 3
         assert server.popen.stdout is not None
-        # The 50 probes (3,200 B) go first, then the capacity train: its 5th packet crosses.
-        expected = 50 * 64 + 5 * 1500
+        # The probes sent (50 less any skipped: 3,200 B at most) go first, then the capacity
+        # train: the packet that crosses the grant is cut.
+        probe_bytes = 64 * (50 - doc["probes_skipped"])
+        expected = probe_bytes + 1500 * ((10_000 - probe_bytes) // 1500 + 1)
         assert f"cut: {expected} probe bytes exceed the 10000 granted" in server.popen.stdout.read()
         assert any("no answer" in p or "failed" in p for p in doc["problems"]), doc["problems"]
     finally:
