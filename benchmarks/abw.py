@@ -319,6 +319,23 @@ def traced_estimate(lab: Lab, ctx: ProbeContext) -> tuple[Any, Trace]:
     return result, lab.link_trace(LINK)
 
 
+def record_path(rate_mbit: float, share: float, index: int, args: argparse.Namespace) -> int:
+    """``--record-only``: the traced tool runs on one path, appended to ``--record``; no agent,
+    no estimates through the probe, no iperf3. The runs recorded."""
+    topo = topology("abwr", rate_mbit, rate_mbit * share)
+    with Lab.up(topo, name=f"abwr{os.getpid()}x{index}") as lab:
+        lab.wait_reachable("mon")
+        if share:
+            time.sleep(2.0)  # the generator's client is up
+        traced = tool_runs(lab, args.methods, args.tool or abw.TOOL_PATH)
+    with open(args.record, "a") as fh:
+        for doc, trace in traced:
+            rec = {"capacity_mbit": rate_mbit, "share": share, "doc": doc, "trace": trace}
+            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    print(f"recorded {rate_mbit:g}:{share:g}: {len(traced)} runs", file=sys.stderr, flush=True)
+    return len(traced)
+
+
 def tool_runs(
     lab: Lab, runs: int, tool_path: str = abw.TOOL_PATH
 ) -> list[tuple[dict[str, Any], Trace]]:
@@ -621,6 +638,10 @@ def record_methods(rec: dict[str, Any]) -> dict[str, Any] | None:
         for floor_us in (60, 250):
             e2 = tool.estimate(trains[:2], noise_floor_ns=floor_us * 1000)
             m[f"binary_stamps_floor_{floor_us}us"] = e2.available_bps
+    # C the largest of the bursts' readings instead of their median (a stall only stretches).
+    bursts = tool.burst_capacities(trains[0])
+    if bursts:
+        m["binary_stamps_c_max"] = tool.estimate(trains[:2], capacity=max(bursts)).available_bps
     # The first N probes only (the statistical floor's N): 100 and 200.
     for n in (100, 200):
         part = waits[:n]
@@ -720,6 +741,11 @@ def main() -> None:
         "copy for a comparison on the same paths)",
     )
     parser.add_argument(
+        "--record-only",
+        action="store_true",
+        help="with --record: only the traced tool runs (no agent, probe, iperf3)",
+    )
+    parser.add_argument(
         "--offline",
         nargs="+",
         metavar="FILE",
@@ -734,6 +760,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.offline:
         print(json.dumps(offline(args.offline), indent=1))
+        return
+    if args.record_only:
+        cases = [(float(r), float(x)) for r, x in (i.split(":") for i in args.paths.split(","))]
+        loads = [os.getloadavg()[0]]
+        runs = [record_path(rate, share, i, args) for i, (rate, share) in enumerate(cases)]
+        loads.append(os.getloadavg()[0])
+        print(json.dumps({"recorded": runs, "load_average_1min": loads}))
         return
     load_before = os.getloadavg()
     cases = [(float(r), float(s)) for r, s in (item.split(":") for item in args.paths.split(","))]

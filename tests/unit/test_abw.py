@@ -305,8 +305,11 @@ def test_the_probe_leases_a_receiver_from_the_agent(abw_agent: RunningAgent) -> 
     result = asyncio.run(abw.run(abw.Spec(), ctx))
     assert result.succeeded, f"{result.error}\n{result.diags[-1500:]}"
     data = result.data
-    assert data["probe_bytes"] == abw.Spec().total_bytes() <= 100_000
-    assert data["received_packets"] == data["probe_packets"] == 3 * 16 + 400
+    # The plan at most: a probe the sender is late for is skipped (send()).
+    probes = data["probe_packets"] - 3 * 16
+    assert 0 < probes <= 400 and data["received_packets"] == data["probe_packets"]
+    assert data["probe_bytes"] == 3 * 16 * 1500 + probes * 64 <= abw.Spec().total_bytes()
+    assert abw.Spec().total_bytes() <= 100_000
     assert data["estimate_s"] <= 1.0
     assert data["capacity_bps"] > 0 and 0 <= data["available_bps"] <= data["capacity_bps"]
     assert "[agent " in result.diags and "slot" in result.diags
