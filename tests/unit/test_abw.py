@@ -126,6 +126,28 @@ def test_a_burst_preempted_inside_its_send_call_still_reads_the_capacity() -> No
     assert tool.capacity_bps(train) == pytest.approx(50e6, rel=0.01)
 
 
+def test_two_of_three_bursts_stretched_by_stalls_do_not_pull_the_capacity_down() -> None:
+    """Three bursts of 16 at 100 Mbit/s, the 1st and 3rd stretched by a 1 ms stall of the
+    bottleneck after every 4th packet (as the delay line under load): their median read them;
+    C is the burst that was not stretched."""
+    packet_ns = 1500 * 8 / 100e6 * 1e9
+    sent: list[int] = []
+    received: list[tuple[int, int]] = []
+    for burst in range(3):
+        start = burst * 60e6
+        free = start
+        for i in range(16):
+            seq = burst * 16 + i
+            stall = 1e6 if burst != 1 and i % 4 == 3 else 0.0
+            sent.append(int(start + i * 1000))
+            free = max(start + i * 1000, free) + packet_ns + stall
+            received.append((seq, int(free + 2e6)))
+    train = tool.Train(1500, None, sent, received, burst=16)
+    readings = tool.burst_capacities(train)
+    assert sorted(readings)[1] < 0.8 * 100e6  # the median of three would read low
+    assert tool.train_capacity_bps(train) == pytest.approx(100e6, rel=0.01)
+
+
 def test_an_estimate_needs_its_capacity_train_and_enough_probes() -> None:
     trains = bottleneck(50e6, 0.3, 1, probes=100)
     assert tool.estimate([]).error == "no train was sent"
