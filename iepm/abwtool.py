@@ -71,6 +71,10 @@ NOISE_FLOOR_NS = 120_000
 MIN_PROBES = 20
 # A probe the sender reaches later than this after its Poisson moment is skipped (see send()).
 LATE_PROBE_S = 100e-6
+# The last stretch before a probe's moment is spun, not slept: short, since every µs spun is
+# taken from whatever else runs on the host (in the lab: the cross traffic's sender).
+PROBE_SPIN_NS = 60_000
+PR_SET_TIMERSLACK, PR_GET_TIMERSLACK = 29, 30
 READY = b"iepm abw receiver listening on"
 
 
@@ -448,27 +452,32 @@ class Plan:
 
 @contextlib.contextmanager
 def _realtime() -> Iterator[bool]:
-    """Run the block under SCHED_FIFO where the process may (root, CAP_SYS_NICE), then restore
-    the policy it had: on a loaded host a normal task wakes milliseconds late and misses the
-    probes' moments (load 17: 253 of 400 more than 100 µs late; SCHED_FIFO 83 of 400 at 200 µs
-    spin). Yields whether it got it. The block must be short: it spins."""
+    """Run the block under SCHED_FIFO where the process may (root, CAP_SYS_NICE), with a timer
+    slack of 1 ns, then restore both: on a loaded host a normal task wakes milliseconds late
+    and misses the probes' moments (load 17: 253 of 400 more than 100 µs late; SCHED_FIFO 83
+    of 400 at 200 µs spin). Yields whether it got it. The block must be short."""
     try:
         policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     except (OSError, AttributeError):
         yield False
         return
+    libc = ctypes.CDLL(None, use_errno=True)
+    slack = libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)  # wake on time, not 50 µs late
     try:
         yield True
     finally:
+        if slack > 0:
+            libc.prctl(PR_SET_TIMERSLACK, slack, 0, 0, 0)
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, policy, param)
 
 
-def _pace_until(t_ns: int) -> None:
+def _pace_until(t_ns: int, spin_ns: int = 300_000) -> None:
     # Sleep while far away, spin the last stretch: sleep() wakes tens of µs late.
-    while (left := t_ns - time.perf_counter_ns()) > 300_000:
-        time.sleep((left - 200_000) * 1e-9)
+    while (left := t_ns - time.perf_counter_ns()) > spin_ns:
+        time.sleep((left - spin_ns * 2 // 3) * 1e-9)
     while time.perf_counter_ns() < t_ns:
         pass
 
@@ -645,12 +654,13 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
             capacity_train = Train(plan.size_bytes, None, [], [], plan.capacity_packets)
             trains += [capacity_train, probes]
             pad = b"\0" * (plan.probe_size_bytes - IP_UDP_HEADER_BYTES - PROBE.size)
-            # Poisson moments on one clock, each met by spinning the last stretch: a sender
-            # that wakes from sleep() sends on the host's timer grid, not at random moments,
-            # and a cross-traffic sender paced by timers on the same grid is then seen in
-            # phase (the lab's generator: the busy share read 0.22-0.46 for 0.31). A probe
-            # the sender is late for is skipped, not sent with the next ones: probes sent
-            # together queue behind each other and sample one moment.
+            # Poisson moments on one clock, each met by spinning the last 60 µs (timer slack
+            # 1 ns): a sender that sends the probes it owes at once after a late wake-up
+            # samples the moments right after whatever held the CPU (in the lab: the cross
+            # traffic's sender) and its probes queue behind each other; one that spins long
+            # holds the CPU that other senders need just before each probe. Both biased the
+            # busy share, measured with exact waits (README "Available bandwidth"). A probe
+            # the sender is late for is skipped, not sent with the next ones.
             due = t_start = time.perf_counter_ns()
             t_offset_s = time.monotonic() - started
             late_ns = int(LATE_PROBE_S * 1e9)
@@ -660,7 +670,7 @@ def send(host: str, port: int, plan: Plan, deadline_s: float) -> dict[str, Any]:
                     if (due - t_start) * 1e-9 + t_offset_s > deadline_s:
                         problems.append(f"stopped at the {deadline_s:g} s deadline")
                         break
-                    _pace_until(due)
+                    _pace_until(due, PROBE_SPIN_NS)
                     now = time.perf_counter_ns()
                     if now - due > late_ns:
                         skipped += 1

@@ -226,10 +226,10 @@ def test_a_probe_the_sender_is_late_for_is_skipped_not_sent_with_the_next(
     real = tool._pace_until
     calls = 0
 
-    def late_every_fourth(t_ns: int) -> None:
+    def late_every_fourth(t_ns: int, spin_ns: int = 300_000) -> None:
         nonlocal calls
         calls += 1
-        real(t_ns + (2_000_000 if calls % 4 == 0 else 0))
+        real(t_ns + (2_000_000 if calls % 4 == 0 else 0), spin_ns)
 
     monkeypatch.setattr(tool, "_pace_until", late_every_fourth)
     doc = tool.send("127.0.0.1", port, tool.Plan(probes=200, spread_s=0.4), deadline_s=5.0)
