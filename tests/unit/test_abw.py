@@ -148,6 +148,26 @@ def test_two_of_three_bursts_stretched_by_stalls_do_not_pull_the_capacity_down()
     assert tool.train_capacity_bps(train) == pytest.approx(100e6, rel=0.01)
 
 
+def test_a_burst_delivered_in_one_batch_does_not_set_the_capacity() -> None:
+    """Three bursts of 16 at 50 Mbit/s sent at ~5 Gbit/s; the 2nd delivered in one batch after
+    a stall of the bottleneck (stamps 2.9 µs apart: it read 4,208 Mbit/s in a benchmark run):
+    C is 50 Mbit/s, not the batch's rate."""
+    packet_ns = 1500 * 8 / 50e6 * 1e9
+    sent: list[int] = []
+    received: list[tuple[int, int]] = []
+    for burst in range(3):
+        start = burst * 60e6
+        for i in range(16):
+            sent.append(int(start + i * 2400))  # 5 Gbit/s out of the sender
+            if burst == 1:
+                received.append((burst * 16 + i, int(start + 5e6 + i * 2850)))
+            else:
+                received.append((burst * 16 + i, int(start + 2e6 + (i + 1) * packet_ns)))
+    train = tool.Train(1500, None, sent, received, burst=16)
+    assert max(tool.burst_capacities(train)) > 4e9
+    assert tool.train_capacity_bps(train) == pytest.approx(50e6, rel=0.01)
+
+
 def test_an_estimate_needs_its_capacity_train_and_enough_probes() -> None:
     trains = bottleneck(50e6, 0.3, 1, probes=100)
     assert tool.estimate([]).error == "no train was sent"
