@@ -296,13 +296,21 @@ def receiver(lab: Lab, node: str, log: Path) -> subprocess.Popen[bytes]:
 Trace = list[tuple[float, float, int]]
 
 
-def window_truth(trace: Trace, rate_mbit: float, probe_bytes: int) -> float | None:
-    """The available bandwidth while the probes were sent: C less the bytes the delay line
-    queued between the first probe and the last, other than the probes (bit/s)."""
+def window_truth(
+    trace: Trace, rate_mbit: float, probe_bytes: int, carried: bool = True
+) -> float | None:
+    """The available bandwidth while the probes were sent: C less what the bottleneck carried
+    between the first probe's arrival and the last one's, other than the probes (bit/s). What
+    it carried is what arrived in between (the trace's byte counts) plus the backlog the first
+    probe found less the one the last probe left behind: a probe's queue wait is the work
+    ahead of it (``carried=False``: what arrived only, the benchmark's truth before)."""
     if len(trace) < 2 or trace[-1][0] <= trace[0][0]:
         return None
-    cross = trace[-1][2] - trace[0][2] - probe_bytes * (len(trace) - 1)
-    return rate_mbit * 1e6 - max(0, cross) * 8 / (trace[-1][0] - trace[0][0])
+    (t0, w0, b0), (t1, w1, b1) = trace[0], trace[-1]
+    rate = rate_mbit * 1e6
+    bytes_in = b1 - b0 + ((w0 - w1) * rate / 8 if carried else 0.0)
+    cross = bytes_in - probe_bytes * (len(trace) - 1)
+    return rate - max(0.0, cross) * 8 / (t1 - t0)
 
 
 def traced_estimate(lab: Lab, ctx: ProbeContext) -> tuple[Any, Trace]:
@@ -311,13 +319,32 @@ def traced_estimate(lab: Lab, ctx: ProbeContext) -> tuple[Any, Trace]:
     return result, lab.link_trace(LINK)
 
 
-def tool_runs(lab: Lab, runs: int) -> list[tuple[dict[str, Any], Trace]]:
+def record_path(rate_mbit: float, share: float, index: int, args: argparse.Namespace) -> int:
+    """``--record-only``: the traced tool runs on one path, appended to ``--record``; no agent,
+    no estimates through the probe, no iperf3. The runs recorded."""
+    topo = topology("abwr", rate_mbit, rate_mbit * share)
+    with Lab.up(topo, name=f"abwr{os.getpid()}x{index}") as lab:
+        lab.wait_reachable("mon")
+        if share:
+            time.sleep(2.0)  # the generator's client is up
+        traced = tool_runs(lab, args.methods, args.tool or abw.TOOL_PATH)
+    with open(args.record, "a") as fh:
+        for doc, trace in traced:
+            rec = {"capacity_mbit": rate_mbit, "share": share, "doc": doc, "trace": trace}
+            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    print(f"recorded {rate_mbit:g}:{share:g}: {len(traced)} runs", file=sys.stderr, flush=True)
+    return len(traced)
+
+
+def tool_runs(
+    lab: Lab, runs: int, tool_path: str = abw.TOOL_PATH
+) -> list[tuple[dict[str, Any], Trace]]:
     """The tool with Spruce's trains added, against a receiver started for each run, each with
     the delay line's trace of its probes (their queue wait as the lab scheduled them)."""
     out = []
     for i in range(runs):
         rx = receiver(lab, "tg", lab.run_dir / f"rx{i}.log")
-        argv = [sys.executable, abw.TOOL_PATH, "send", lab.address("tg"), str(RECEIVER_PORT)]
+        argv = [sys.executable, tool_path, "send", lab.address("tg"), str(RECEIVER_PORT)]
         lab.link_trace(LINK, tool.Plan.probe_size_bytes, 10 * tool.Plan.probes)
         raw = lab.exec("mon", [*argv, "--trains", "10"], timeout_s=10)
         trace = lab.link_trace(LINK)
@@ -390,7 +417,12 @@ def bench_path(rate_mbit: float, share: float, index: int, args: argparse.Namesp
         b0, t0 = delivered_bytes(lab), time.monotonic()
         pairs = [traced_estimate(lab, ctx) for _ in range(args.estimates)]
         runs = [r for r, _ in pairs]
-        traced = tool_runs(lab, args.methods)
+        traced = tool_runs(lab, args.methods, args.tool or abw.TOOL_PATH)
+        if args.record:
+            with open(args.record, "a") as fh:
+                for doc, trace in traced:
+                    rec = {"capacity_mbit": rate_mbit, "share": share, "doc": doc, "trace": trace}
+                    fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
         docs = [d for d, _ in traced]
         b1, t1 = delivered_bytes(lab), time.monotonic()
         ours = sum(r.data.get("probe_bytes", 0) for r in runs)
@@ -523,6 +555,174 @@ def goal_met(errors: list[float]) -> bool:
     return bool(errors and statistics.median(errors) <= 0.10 and pct(errors, 0.9) <= 0.25)
 
 
+# --- offline: the methods compared on recorded runs --------------------------------------------
+
+# Paths the method is chosen on, and the ones held out to confirm it (whole paths, --offline).
+FIT_PATHS = ("10:0", "50:0.3", "100:0.5", "500:0")
+
+
+def binomial_floor(u: float, probes: int) -> float:
+    """The binary method's relative error of A (1 σ) from sampling alone: u's binomial error
+    with ``probes`` independent probes carried to A = C·(1 − u)."""
+    return math.sqrt(u * (1 - u) / probes) / (1 - u) if u < 1 else math.inf
+
+
+def pair_spruce_bps(trains: list[tool.Train], capacity: float) -> float | None:
+    """Spruce's gap model per pair of the trains 2… (sent at C): A_i = C·(1 − (g_out − g_in)/
+    g_in), their mean with the top and bottom tenth trimmed (a robust mean); pairs whose send
+    gap shows a descheduled sender (over :data:`tool.STALL` × S/C) left out."""
+    if len(trains) < 3:
+        return None
+    values = []
+    for t in trains[2:]:
+        nominal = t.bits() / capacity * 1e9
+        for g_in, g_out in t.gaps():
+            if 0 < g_in <= tool.STALL * nominal:
+                values.append(capacity * (1 - (g_out - g_in) / g_in))
+    if len(values) < 4:
+        return None
+    values.sort()
+    cut = len(values) // 10
+    kept = values[cut : len(values) - cut]
+    return min(capacity, max(0.0, statistics.fmean(kept)))
+
+
+def record_methods(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """Every method's estimate (bit/s) on one recorded run, with its window's truth."""
+    trains = tool.trains_from_doc(rec["doc"])
+    trace = [(float(a), float(w), int(b)) for a, w, b in rec["trace"]]
+    rate = rec["capacity_mbit"] * 1e6
+    if len(trains) < 2:
+        return None
+    probes = trains[1]
+    truth = window_truth(trace, rec["capacity_mbit"], probes.size_bytes)
+    if (
+        truth is None
+        or truth <= 0
+        or len(trace) != len(probes.sent_ns)
+        or len(probes.received) != len(probes.sent_ns)
+    ):
+        return None  # oversubscribed, or a probe lost: no one-to-one match with the trace
+    waits = [w for _, w, _ in trace]
+    own = tool.probe_rate_bps(probes)
+    capacity = tool.train_capacity_bps(trains[0])
+    est = tool.estimate(trains[:2])
+    carried_u = 1 - truth / rate  # the bottleneck's busy share in the window, probes excluded
+    out: dict[str, Any] = {
+        "path": f"{rec['capacity_mbit']:g}:{rec['share']:g}",
+        "truth": truth,
+        "arrived_truth": window_truth(trace, rec["capacity_mbit"], probes.size_bytes, False),
+        "u": carried_u + own / rate,
+        "probes": len(waits),
+        "capacity": capacity,
+        "methods": {},
+    }
+    m = out["methods"]
+    m["binary_stamps"] = est.available_bps
+    # Perfect timing: the delay line's own queue wait of each probe, C exact.
+    packet_s = tool.MTU_BYTES * 8 / rate
+    rule = sum(1 for w in waits if w > tool.BUSY_PACKET_SHARE * packet_s) / len(waits)
+    anywait = sum(1 for w in waits if w > 1e-6) / len(waits)
+    m["binary_true_waits_tool_rule"] = min(rate, rate * (1 - rule) + own)
+    m["binary_true_waits_any_wait"] = min(rate, rate * (1 - anywait) + own)
+    # Diagnostic: the exact waits re-weighted to a uniform phase of the probes' arrival within
+    # the host's millisecond (the lab's generator paces on a 1 ms timer grid): what is left of
+    # the error when the probes' moments are made random with respect to that grid.
+    bins: list[list[bool]] = [[] for _ in range(10)]
+    for t, w, _ in trace:
+        bins[int(t * 1e4) % 10].append(w > 1e-6)
+    strata = statistics.fmean(sum(b) / len(b) for b in bins if b)
+    m["binary_true_waits_phase_strata"] = min(rate, rate * (1 - strata) + own)
+    # The stamps with other busy thresholds (noise floor µs), the tail rule as the tool's.
+    if capacity:
+        for floor_us in (60, 250):
+            e2 = tool.estimate(trains[:2], noise_floor_ns=floor_us * 1000)
+            m[f"binary_stamps_floor_{floor_us}us"] = e2.available_bps
+    # C the largest of the bursts' readings instead of their median (a stall only stretches).
+    bursts = tool.burst_capacities(trains[0])
+    if bursts:
+        m["binary_stamps_c_max"] = tool.estimate(trains[:2], capacity=max(bursts)).available_bps
+    # The first N probes only (the statistical floor's N): 100 and 200.
+    for n in (100, 200):
+        part = waits[:n]
+        share = sum(1 for w in part if w > 1e-6) / len(part)
+        m[f"binary_true_waits_any_wait_{n}"] = min(rate, rate * (1 - share) + own)
+    if capacity:
+        m["spruce_trains"] = tool.spruce_bps(trains)
+        m["spruce_pairs"] = pair_spruce_bps(trains, capacity)
+        if est.available_bps is not None and m["spruce_pairs"] is not None:
+            m["mean_binary_spruce"] = (est.available_bps + m["spruce_pairs"]) / 2
+    return out
+
+
+def offline(files: list[str]) -> dict[str, Any]:
+    """The methods on recorded runs: per method, median / P90 relative error against each run's
+    window truth (what the bottleneck carried while the probes were sent), on the paths the
+    choice is made on (:data:`FIT_PATHS`) and on the held-out ones; the binary method's
+    statistical floor against its error with exact timing."""
+    rows = []
+    for name in files:
+        with open(name) as fh:
+            for line in fh:
+                if line.strip() and (row := record_methods(json.loads(line))) is not None:
+                    rows.append(row)
+    methods = sorted({k for r in rows for k in r["methods"]})
+    report: dict[str, Any] = {"runs": len(rows), "fit_paths": list(FIT_PATHS), "methods": {}}
+    for method in methods:
+        entry: dict[str, Any] = {}
+        for part, keep in (("fit", True), ("held_out", False)):
+            errs = [
+                abs((r["methods"].get(method) or 0.0) - r["truth"]) / r["truth"]
+                for r in rows
+                if (r["path"] in FIT_PATHS) == keep and method in r["methods"]
+            ]
+            entry[part] = error_summary(errs) if errs else None
+        entry["per_path"] = {
+            path: error_summary(
+                [
+                    abs((r["methods"].get(method) or 0.0) - r["truth"]) / r["truth"]
+                    for r in rows
+                    if r["path"] == path and method in r["methods"]
+                ]
+            )
+            for path in sorted({r["path"] for r in rows})
+            if any(r["path"] == path and method in r["methods"] for r in rows)
+        }
+        report["methods"][method] = entry
+    # The statistical floor: the error the binomial sampling alone predicts (1 σ and its P90,
+    # 1.645 σ) against the binary method's error with exact timing, per path.
+    floor: dict[str, Any] = {}
+    for path in sorted({r["path"] for r in rows}):
+        mine = [r for r in rows if r["path"] == path]
+        u = statistics.fmean(r["u"] for r in mine)
+        n = round(statistics.fmean(r["probes"] for r in mine))
+        sigma = binomial_floor(min(u, 0.999), n)
+        floor[path] = {
+            "u": round(u, 3),
+            "probes": n,
+            "predicted_sigma": round(sigma, 4),
+            "predicted_p90": round(1.645 * sigma, 4),
+            "exact_timing": error_summary(
+                [
+                    abs(r["methods"]["binary_true_waits_any_wait"] - r["truth"]) / r["truth"]
+                    for r in mine
+                ]
+            ),
+            "truth_mbit_range": [
+                round(min(r["truth"] for r in mine) / 1e6, 2),
+                round(max(r["truth"] for r in mine) / 1e6, 2),
+            ],
+            "arrived_vs_carried_truth_median_diff": round(
+                statistics.median(
+                    abs((r["arrived_truth"] or 0) - r["truth"]) / r["truth"] for r in mine
+                ),
+                4,
+            ),
+        }
+    report["statistical_floor"] = floor
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", default=PATHS, help="C:share,… (Mbit/s : cross share)")
@@ -531,12 +731,43 @@ def main() -> None:
     parser.add_argument("--iperf3-s", type=int, default=5)
     parser.add_argument("--targets", type=int, default=20)
     parser.add_argument(
+        "--record",
+        help="append each traced tool run (its raw output and the delay line's trace "
+        "of its probes) to this JSON-lines file, for --offline",
+    )
+    parser.add_argument(
+        "--tool",
+        help="the abwtool.py the traced runs send with (default: this tree's; an older "
+        "copy for a comparison on the same paths)",
+    )
+    parser.add_argument(
+        "--record-only",
+        action="store_true",
+        help="with --record: only the traced tool runs (no agent, probe, iperf3)",
+    )
+    parser.add_argument(
+        "--offline",
+        nargs="+",
+        metavar="FILE",
+        help="no lab: compare the methods on recorded runs (--record) and exit",
+    )
+    parser.add_argument(
         "--bottleneck",
         choices=("both", "delayline", "kernel"),
         default="both",
         help="the lab's user-space delay line, the kernel's tbf, or both on the same paths",
     )
     args = parser.parse_args()
+    if args.offline:
+        print(json.dumps(offline(args.offline), indent=1))
+        return
+    if args.record_only:
+        cases = [(float(r), float(x)) for r, x in (i.split(":") for i in args.paths.split(","))]
+        loads = [os.getloadavg()[0]]
+        runs = [record_path(rate, share, i, args) for i, (rate, share) in enumerate(cases)]
+        loads.append(os.getloadavg()[0])
+        print(json.dumps({"recorded": runs, "load_average_1min": loads}))
+        return
     load_before = os.getloadavg()
     cases = [(float(r), float(s)) for r, s in (item.split(":") for item in args.paths.split(","))]
     report: dict[str, Any] = {

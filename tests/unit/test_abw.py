@@ -126,6 +126,48 @@ def test_a_burst_preempted_inside_its_send_call_still_reads_the_capacity() -> No
     assert tool.capacity_bps(train) == pytest.approx(50e6, rel=0.01)
 
 
+def test_two_of_three_bursts_stretched_by_stalls_do_not_pull_the_capacity_down() -> None:
+    """Three bursts of 16 at 100 Mbit/s, the 1st and 3rd stretched by a 1 ms stall of the
+    bottleneck after every 4th packet (as the delay line under load): their median read them;
+    C is the burst that was not stretched."""
+    packet_ns = 1500 * 8 / 100e6 * 1e9
+    sent: list[int] = []
+    received: list[tuple[int, int]] = []
+    for burst in range(3):
+        start = burst * 60e6
+        free = start
+        for i in range(16):
+            seq = burst * 16 + i
+            stall = 1e6 if burst != 1 and i % 4 == 3 else 0.0
+            sent.append(int(start + i * 1000))
+            free = max(start + i * 1000, free) + packet_ns + stall
+            received.append((seq, int(free + 2e6)))
+    train = tool.Train(1500, None, sent, received, burst=16)
+    readings = tool.burst_capacities(train)
+    assert sorted(readings)[1] < 0.8 * 100e6  # the median of three would read low
+    assert tool.train_capacity_bps(train) == pytest.approx(100e6, rel=0.01)
+
+
+def test_a_burst_delivered_in_one_batch_does_not_set_the_capacity() -> None:
+    """Three bursts of 16 at 50 Mbit/s sent at ~5 Gbit/s; the 2nd delivered in one batch after
+    a stall of the bottleneck (stamps 2.9 µs apart: it read 4,208 Mbit/s in a benchmark run):
+    C is 50 Mbit/s, not the batch's rate."""
+    packet_ns = 1500 * 8 / 50e6 * 1e9
+    sent: list[int] = []
+    received: list[tuple[int, int]] = []
+    for burst in range(3):
+        start = burst * 60e6
+        for i in range(16):
+            sent.append(int(start + i * 2400))  # 5 Gbit/s out of the sender
+            if burst == 1:
+                received.append((burst * 16 + i, int(start + 5e6 + i * 2850)))
+            else:
+                received.append((burst * 16 + i, int(start + 2e6 + (i + 1) * packet_ns)))
+    train = tool.Train(1500, None, sent, received, burst=16)
+    assert max(tool.burst_capacities(train)) > 4e9
+    assert tool.train_capacity_bps(train) == pytest.approx(50e6, rel=0.01)
+
+
 def test_an_estimate_needs_its_capacity_train_and_enough_probes() -> None:
     trains = bottleneck(50e6, 0.3, 1, probes=100)
     assert tool.estimate([]).error == "no train was sent"
@@ -184,12 +226,37 @@ def test_the_receiver_returns_kernel_stamps_of_every_packet(
     after_ns = time.time_ns()
     assert doc["problems"] == []
     trains = tool.trains_from_doc(doc)
-    assert [len(t.received) for t in trains] == [3 * 16, 300]  # more than one report page
+    # A probe the sender was late for is skipped, never sent late (send()).
+    sent = 300 - doc["probes_skipped"]
+    assert [len(t.received) for t in trains] == [3 * 16, sent] == [len(t.sent_ns) for t in trains]
+    assert sent > tool.MAX_REPORT_ENTRIES  # more than one report page
     stamps = [ns for t in trains for _, ns in t.received]
     assert all(before_ns <= ns <= after_ns for ns in stamps)  # CLOCK_REALTIME, this run's
     assert server.wait(5) == 0
     assert server.popen.stdout is not None
-    assert f"done: {3 * 16 * 1500 + 300 * 64} bytes, kernel stamps" in server.popen.stdout.read()
+    assert f"done: {3 * 16 * 1500 + sent * 64} bytes, kernel stamps" in server.popen.stdout.read()
+
+
+def test_a_probe_the_sender_is_late_for_is_skipped_not_sent_with_the_next(
+    receiver: tuple[SyncSupervised, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every 4th probe's moment is missed by 2 ms (a sender descheduled): those are skipped,
+    not sent late, and every probe sent is stamped."""
+    _, port = receiver
+    real = tool._pace_until
+    calls = 0
+
+    def late_every_fourth(t_ns: int, spin_ns: int = 300_000) -> None:
+        nonlocal calls
+        calls += 1
+        real(t_ns + (2_000_000 if calls % 4 == 0 else 0), spin_ns)
+
+    monkeypatch.setattr(tool, "_pace_until", late_every_fourth)
+    doc = tool.send("127.0.0.1", port, tool.Plan(probes=200, spread_s=0.4), deadline_s=5.0)
+    probes = tool.trains_from_doc(doc)[1]
+    assert doc["probes_skipped"] >= 50  # the 50 missed, and any this host's load made late
+    assert len(probes.sent_ns) == 200 - doc["probes_skipped"]
+    assert len(probes.received) == len(probes.sent_ns)
 
 
 def test_the_receiver_stops_past_its_byte_budget() -> None:
@@ -199,8 +266,10 @@ def test_the_receiver_stops_past_its_byte_budget() -> None:
         doc = tool.send("127.0.0.1", port, tool.Plan(probes=50, spread_s=0.05), deadline_s=3.0)
         assert server.wait(5) == 3
         assert server.popen.stdout is not None
-        # The 50 probes (3,200 B) go first, then the capacity train: its 5th packet crosses.
-        expected = 50 * 64 + 5 * 1500
+        # The probes sent (50 less any skipped: 3,200 B at most) go first, then the capacity
+        # train: the packet that crosses the grant is cut.
+        probe_bytes = 64 * (50 - doc["probes_skipped"])
+        expected = probe_bytes + 1500 * ((10_000 - probe_bytes) // 1500 + 1)
         assert f"cut: {expected} probe bytes exceed the 10000 granted" in server.popen.stdout.read()
         assert any("no answer" in p or "failed" in p for p in doc["problems"]), doc["problems"]
     finally:
@@ -278,8 +347,11 @@ def test_the_probe_leases_a_receiver_from_the_agent(abw_agent: RunningAgent) -> 
     result = asyncio.run(abw.run(abw.Spec(), ctx))
     assert result.succeeded, f"{result.error}\n{result.diags[-1500:]}"
     data = result.data
-    assert data["probe_bytes"] == abw.Spec().total_bytes() <= 100_000
-    assert data["received_packets"] == data["probe_packets"] == 3 * 16 + 400
+    # The plan at most: a probe the sender is late for is skipped (send()).
+    probes = data["probe_packets"] - 3 * 16
+    assert 0 < probes <= 400 and data["received_packets"] == data["probe_packets"]
+    assert data["probe_bytes"] == 3 * 16 * 1500 + probes * 64 <= abw.Spec().total_bytes()
+    assert abw.Spec().total_bytes() <= 100_000
     assert data["estimate_s"] <= 1.0
     assert data["capacity_bps"] > 0 and 0 <= data["available_bps"] <= data["capacity_bps"]
     assert "[agent " in result.diags and "slot" in result.diags
