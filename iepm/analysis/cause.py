@@ -83,8 +83,27 @@ def route_of(result: Traced) -> Route | None:
     return hop_addresses(result.data) or None
 
 
+def aligned(a: Sequence[str | None], b: Sequence[str | None]) -> tuple[Route, Route]:
+    """The two routes with a late answer of their common destination undone: traceroute's
+    probes for every TTL past the path's length reach the destination at once and its ICMP
+    rate limit (Linux's icmp_ratelimit) drops some replies, so it can answer a few TTLs late
+    behind silent hops (a-b-*-d for a-b-d). Those silent hops are dropped from the longer
+    route when both end at the same address; anything else is left as it is."""
+    a, b = list(a), list(b)
+    if len(a) == len(b) or not a or not b or a[-1] is None or a[-1] != b[-1]:
+        return a, b
+    longer, shorter = (a, b) if len(a) > len(b) else (b, a)
+    extra = len(longer) - len(shorter)
+    if any(hop is not None for hop in longer[-1 - extra : -1]):
+        return a, b
+    trimmed = [*longer[: len(longer) - 1 - extra], longer[-1]]
+    return (trimmed, shorter) if longer is a else (shorter, trimmed)
+
+
 def same_route(a: Sequence[str | None], b: Sequence[str | None]) -> bool:
-    """Equal hop by hop; a silent hop (None) matches any address."""
+    """Equal hop by hop; a silent hop (None) matches any address (and the destination may
+    answer late behind silent hops: ``aligned``)."""
+    a, b = aligned(a, b)
     if len(a) != len(b):
         return False
     return all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
@@ -99,6 +118,7 @@ def route_changes(routes: Iterable[Route]) -> list[bool]:
     for route in routes:
         changed = known is not None and not same_route(known, route)
         if known is not None and not changed:
+            known, route = aligned(known, route)
             route = [new if new is not None else old for old, new in zip(known, route, strict=True)]
         out.append(changed)
         known = list(route)

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from iepm.analysis.alerts import ROUTE_METRIC, Alert, finite_or_none, store_alert
-from iepm.analysis.cause import ROUTE_PROBE, Route, attribute, route_of, same_route
+from iepm.analysis.cause import ROUTE_PROBE, Route, aligned, attribute, route_of, same_route
 from iepm.analysis.changes import ChangePoint, OnlineDetector
 from iepm.analysis.forecast import forecast_next
 from iepm.analysis.series import AnalysisError
@@ -315,6 +315,7 @@ class AlertWatcher:
             return []
         # The same route: hops silent now keep the address seen there before, so that
         # a-b-c, a-*-c, a-x-c is one change (at a-x-c), as cause.route_changes counts it.
+        old, route = aligned(old, route)
         filled = [new if new is not None else prev for prev, new in zip(old, route, strict=True)]
         self._routes[result.target] = (filled, result.started_at)
         return []
@@ -479,7 +480,9 @@ class AlertWatcher:
 
 def hops_changed(before: Route, after: Route) -> list[dict[str, Any]]:
     """The hops that differ, by TTL: both answered with other addresses, or the hop exists on
-    one route only (None on the side without it). A silent hop is never a change."""
+    one route only (None on the side without it). A silent hop is never a change, nor a
+    destination answering late behind silent hops (``aligned``)."""
+    before, after = aligned(before, after)
     out: list[dict[str, Any]] = []
     for i in range(max(len(before), len(after))):
         a = before[i] if i < len(before) else None
