@@ -341,6 +341,26 @@ def _wait(
         time.sleep(0.1)
 
 
+def _start_in_sites(
+    lab: Any,
+    stack: contextlib.ExitStack,
+    sites: list[str],
+    what: str,
+    port: int,
+    start_s: float,
+    start: Callable[[str], subprocess.Popen[bytes]],
+) -> list[subprocess.Popen[bytes]]:
+    """One server per site (``start(site)``), each stopped by PID when the stack unwinds, then
+    wait until every site listens on ``port``."""
+    procs = []
+    for site in sites:
+        proc = start(site)
+        procs.append(proc)
+        stack.callback(lab.stop, proc)
+    _wait(what, lambda: all(lab.listening(s, port) for s in sites), procs, start_s)
+    return procs
+
+
 def _udp_listening(lab: Any, node: str, port: int) -> bool:
     return bool(lab.exec(node, ["ss", "-Hlun", f"sport = :{port}"], 10).stdout.strip())
 
@@ -446,16 +466,12 @@ class Demo:
                         bdp_bytes(lab.plan, monitors[0], t["site"])
                     )
             else:
-                for site in sites:
-                    proc = lab.popen(site, ["iperf3", "-s", "-B", lab.address(site), "-p", "5201"])
-                    servers.append(proc)
-                    stack.callback(lab.stop, proc)
-                _wait(
-                    "iperf3 servers",
-                    lambda: all(lab.listening(s, IPERF3_PORT) for s in sites),
-                    servers,
-                    SERVER_START_S,
-                )
+                servers += _start_in_sites(
+                    lab, stack, sites, "iperf3 servers", IPERF3_PORT, SERVER_START_S,
+                    lambda site: lab.popen(
+                        site, ["iperf3", "-s", "-B", lab.address(site), "-p", str(IPERF3_PORT)]
+                    ),
+                )  # fmt: skip
             url = "sqlite:///" + str((workdir / "archive.db").resolve())
             exporters = []
             if flows:
@@ -512,8 +528,8 @@ class Demo:
         for path in (scratch, memory):
             path.chmod(0o755)
         kinds = ["iperf3", *sorted({m.META.server for m in modules if m.META.server})]
-        agents = []
-        for site in sites:
+
+        def start_agent(site: str) -> subprocess.Popen[bytes]:
             token = new_token()
             token_file = scratch / f"{site}.token"
             token_file.write_text(token + "\n", encoding="utf-8")
@@ -527,16 +543,11 @@ class Demo:
             config.write_text(text, encoding="utf-8")
             argv = [sys.executable, "-m", "iepm.cli", "agent", "--config", str(config)]
             argv += ["--listen", f"{lab.address(site)}:{AGENT_PORT}"]
-            proc = lab.popen(site, argv, log=logs / f"agent-{site}.log")
-            agents.append(proc)
-            stack.callback(lab.stop, proc)
-        _wait(
-            "the sites' agents",
-            lambda: all(lab.listening(s, AGENT_PORT) for s in sites),
-            agents,
-            AGENT_START_S,
+            return lab.popen(site, argv, log=logs / f"agent-{site}.log")
+
+        return _start_in_sites(
+            lab, stack, sites, "the sites' agents", AGENT_PORT, AGENT_START_S, start_agent
         )
-        return agents
 
     @staticmethod
     def _start_flows(
