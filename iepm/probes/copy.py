@@ -79,13 +79,7 @@ class CopySpec(ProbeSpec):
     @field_validator("size")
     @classmethod
     def _size(cls, value: str) -> str:
-        try:
-            nbytes = size_bytes(value, base=1024)
-        except ValueError:
-            raise ValueError(f"size {value!r} is not a size like 64M or 1G") from None
-        if not MIN_SIZE <= nbytes <= MAX_SIZE:
-            raise ValueError(f"size {value!r} must be between 1M and 64G")
-        return value.strip()
+        return check_size("size", value, MIN_SIZE, MAX_SIZE, "64M or 1G")
 
     @property
     def size_bytes(self) -> int:
@@ -107,6 +101,25 @@ class DiskSourceSpec(ProbeSpec):
     @classmethod
     def _source_dir(cls, value: str) -> str:
         return check_dir("source_dir", value)
+
+
+def check_size(name: str, value: str, low: int, high: int, example: str) -> str:
+    """A size like ``64M`` (K/M/G of 1024) within [low, high] bytes; the error names the field,
+    the value and the range in the same units."""
+    try:
+        nbytes = size_bytes(value, base=1024)
+    except ValueError:
+        raise ValueError(f"{name} {value!r} is not a size like {example}") from None
+    if not low <= nbytes <= high:
+        raise ValueError(f"{name} {value!r} must be between {_short(low)} and {_short(high)}")
+    return value.strip()
+
+
+def _short(nbytes: int) -> str:
+    for unit, factor in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if nbytes % factor == 0:
+            return f"{nbytes // factor}{unit}"
+    return str(nbytes)
 
 
 def check_dir(name: str, value: str) -> str:

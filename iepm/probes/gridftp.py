@@ -115,13 +115,7 @@ class TransferSpec(copy.CopySpec):
     def _window(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        try:
-            nbytes = size_bytes(value, base=1024)
-        except ValueError:
-            raise ValueError(f"window {value!r} is not a size like 256K or 4M") from None
-        if not MIN_WINDOW <= nbytes <= MAX_WINDOW:
-            raise ValueError(f"window {value!r} must be between 64K and 256M")
-        return value.strip()
+        return copy.check_size("window", value, MIN_WINDOW, MAX_WINDOW, "256K or 4M")
 
     @field_validator("remote_dir")
     @classmethod

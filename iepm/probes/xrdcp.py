@@ -148,13 +148,7 @@ class TransferSpec(copy.CopySpec):
     @field_validator("chunk_size")
     @classmethod
     def _chunk_size(cls, value: str) -> str:
-        try:
-            nbytes = size_bytes(value, base=1024)
-        except ValueError:
-            raise ValueError(f"chunk_size {value!r} is not a size like 1M or 8M") from None
-        if not MIN_CHUNK <= nbytes <= MAX_CHUNK:
-            raise ValueError(f"chunk_size {value!r} must be between 64K and 64M")
-        return value.strip()
+        return copy.check_size("chunk_size", value, MIN_CHUNK, MAX_CHUNK, "1M or 8M")
 
     @property
     def chunk_bytes(self) -> int:
