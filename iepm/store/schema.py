@@ -183,6 +183,8 @@ daily = Table(
     Column("maximum", Float),
     # The mesh grid: one metric of every path over the last days (migration 0010).
     Index(None, "probe", "metric", "day"),
+    # A mesh pair page: two monitors' rows over the last days (migration 0011).
+    Index(None, "monitor", "day"),
     # Stored in key order on SQLite, so a path's year is a few contiguous pages.
     sqlite_with_rowid=False,
 )
