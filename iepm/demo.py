@@ -187,11 +187,13 @@ COPY_CONNECT_S = 15  # set-up on a 290 ms, 1 % loss path takes several seconds
 COPY_EVERY_S = 240.0
 # With agents iperf3 is the seed's tuned test, not the 30 s cycle's quick one: IPERF3_STREAMS
 # streams for IPERF3_SECONDS (slow start is ~1 s of it on the 290 ms path), each with a window
-# of its share of the path's bandwidth-delay product (iperf3_params), every 120 s.
+# of its share of the path's bandwidth-delay product (iperf3_params), as often as the copies:
+# with rsync's SSH targets (their own iperf3 too) 24 tests of 3-12 s plus leases and logins
+# fill the 240 s, and every 120 s made all of them run late.
 IPERF3_STREAMS = 4
 IPERF3_SECONDS = 8
 IPERF3_MIN_WINDOW_KB = 128
-AGENT_IPERF3_EVERY_S = 120.0
+AGENT_IPERF3_EVERY_S = COPY_EVERY_S
 AGENT_REQUEST_S = 30.0
 AGENT_GRACE_S = 15  # a slot's server lives duration + this: a loaded host starts tests late
 UNLIMITED_MBIT = 1000.0  # a lab link without a rate: about what one delay line carries here
