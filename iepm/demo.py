@@ -235,7 +235,8 @@ def ssh_copy_probes(say: Callable[[str], None]) -> list[ModuleType]:
     for name, module in sorted(PROBES.items()):
         if module.META.copy != "memory" or module.META.server != SSH_LOGIN:
             continue
-        missing = [p for p in (module.TOOL, "ssh", SSHD) if shutil.which(p) is None]
+        needed = {module.TOOL: module.TOOL, "ssh": "openssh-client", SSHD: "openssh-server"}
+        missing = [f"{p} (Debian: {pkg})" for p, pkg in needed.items() if shutil.which(p) is None]
         if missing:
             say(f"iepm demo: no {name} copies: {', '.join(missing)} not installed")
         else:

@@ -287,6 +287,18 @@ def test_a_copy_whose_tools_are_missing_is_left_out_with_a_line(
     assert "iepm demo: no gridftp_mem copies: its client globus-url-copy not installed" in said
 
 
+def test_copies_over_ssh_without_sshd_are_left_out_with_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: None if "sshd" in name else real(name))
+    said: list[str] = []
+    assert demo_module.ssh_copy_probes(said.append) == []
+    assert said == [
+        "iepm demo: no rsync_mem copies: /usr/sbin/sshd (Debian: openssh-server) not installed"
+    ]
+
+
 def test_copies_are_sized_from_the_demo_lab_paths() -> None:
     plan = topology_plan(load_topology(demo_module.TOPOLOGY))
     sizes = {
