@@ -893,7 +893,7 @@ def demo_command(
         bool,
         typer.Option(
             "--copies/--no-copies",
-            help="Lab: an agent in each site and memory-to-memory copies through it.",
+            help="Lab: an agent and an sshd in each site, memory-to-memory copies through them.",
         ),
     ] = True,
     flows: Annotated[
