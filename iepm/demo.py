@@ -265,7 +265,7 @@ def expected_mbit(plan: Any, monitor: str, site: str) -> float:
     """The narrowest link from the monitor to ``site``, the lowest over its route now and any
     route an event switches it to. Not the Mathis et al. limit of a lossy path: that is Reno's
     (loss-bound); TCP here may be BBR (this host's), and the tuned iperf3 reached 33 of desy's
-    50 Mbit/s where that limit says ~2.5."""
+    50 Mbit/s where that limit says ~5."""
     paths = [_route(plan, monitor, site)]
     for event in plan.topology.events:
         if event.action == "route" and event.path and event.path[-1] == site:
