@@ -98,10 +98,11 @@ def demo_config(
     schedule: dict[str, float] | None = None,
 ) -> str:
     """targets.toml for the demo: ``targets`` are dicts with name, address, site and port (a
-    plain iperf3 server's) or ``agent`` (url and credential_file of the site's agent), and
-    optionally ``probes`` (default: ping, traceroute, iperf3, load) and ``params`` (probe →
-    that probe's parameters for the target). ``schedule``: probe → seconds between its runs
-    (the other probes run every cycle)."""
+    plain iperf3 server's), ``agent`` (url and credential_file of the site's agent) or ``ssh``
+    (its ``[targets.ssh]``), and optionally ``probes`` (default: ping, traceroute, iperf3,
+    load), ``params`` (probe → that probe's parameters for the target) and ``schedule`` (the
+    target's own intervals). ``schedule``: probe → seconds between its runs (the other probes
+    run every cycle)."""
     lines = [
         "[monitor]",
         f"name = {_toml_str(monitor)}",
@@ -122,12 +123,15 @@ def demo_config(
             f"site = {_toml_str(t['site'])}",
             f"probes = {_toml_value(list(t.get('probes', DEMO_PROBES)))}",
         ]
-        if agent := t.get("agent"):
-            lines += ['mode = "agent"', "[targets.agent]"]
-            lines += [f"{k} = {_toml_value(v)}" for k, v in agent.items()]
+        for mode in ("agent", "ssh"):
+            if access := t.get(mode):
+                lines += [f'mode = "{mode}"', f"[targets.{mode}]"]
+                lines += [f"{k} = {_toml_value(v)}" for k, v in access.items()]
         params_of = dict(t.get("params", {}))
-        if not t.get("agent"):
+        if not t.get("agent") and not t.get("ssh"):
             params_of["iperf3"] = {"port": t["port"], **params_of.get("iperf3", {})}
+        if t.get("schedule"):
+            params_of["schedule"] = t["schedule"]
         for probe, params in params_of.items():
             lines += [f"[targets.{probe}]", *(f"{k} = {_toml_value(v)}" for k, v in params.items())]
         lines.append("")
@@ -163,30 +167,35 @@ def loopback_server(host: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
 # -- copies through agents, flow records through softflowd (lab mode) --------------------------
 
 AGENT_PORT = 8700
+SSHD_PORT = 22  # in the site's own namespace
+SSH_STEP_S = 20.0  # an SSH login on the 290 ms, 1 % loss path under load takes seconds
 AGENT_SERVER_PORTS = (5301, 5399)
 AGENT_START_S = 60.0
 COLLECTOR_PORT = 2055
+SOFTFLOWD_BUFFER_BYTES = 32 * 1024 * 1024
 # The collector stores what is still queued when it is stopped (a busy host may be behind).
 COLLECTOR_STOP_S = 60.0
-# Each copy moves about this many seconds of what its path can carry, in this many streams;
-# a test through an agent costs a lease on top of its run (a few seconds on a busy host), so
-# with agents iperf3 runs every 2 cycles and the copies every 8, one at a time as always.
-COPY_SECONDS = 2.0
+# Each copy moves about this many seconds of its path's narrowest link, in this many streams:
+# enough that the copy is past slow start for most of it (2 s, 1M on the lossy paths, was
+# mostly ramp-up); a test through an agent costs a lease on top of its run (a few seconds on a
+# busy host), so with agents iperf3 runs every 2 cycles and the copies every 8, one at a time.
+COPY_SECONDS = 3.0
 COPY_STREAMS = 4
-COPY_MAX_MB = 32
+COPY_MAX_MB = 64
 COPY_DEADLINE_S = 30.0
 COPY_CONNECT_S = 15  # set-up on a 290 ms, 1 % loss path takes several seconds
 COPY_EVERY_S = 240.0
 # With agents iperf3 is the seed's tuned test, not the 30 s cycle's quick one: IPERF3_STREAMS
 # streams for IPERF3_SECONDS (slow start is ~1 s of it on the 290 ms path), each with a window
-# of its share of the path's bandwidth-delay product (iperf3_params), every 120 s.
+# of its share of the path's bandwidth-delay product (iperf3_params), as often as the copies:
+# with rsync's SSH targets (their own iperf3 too) 24 tests of 3-12 s plus leases and logins
+# fill the 240 s, and every 120 s made all of them run late.
 IPERF3_STREAMS = 4
 IPERF3_SECONDS = 8
 IPERF3_MIN_WINDOW_KB = 128
-AGENT_IPERF3_EVERY_S = 120.0
+AGENT_IPERF3_EVERY_S = COPY_EVERY_S
 AGENT_REQUEST_S = 30.0
 AGENT_GRACE_S = 15  # a slot's server lives duration + this: a loaded host starts tests late
-MSS_BYTES = 1448
 UNLIMITED_MBIT = 1000.0  # a lab link without a rate: about what one delay line carries here
 
 
@@ -214,6 +223,27 @@ def copy_probes(say: Callable[[str], None]) -> list[ModuleType]:
     return found
 
 
+def ssh_copy_probes(say: Callable[[str], None]) -> list[ModuleType]:
+    """The memory-to-memory copies over SSH (``META.server`` is an SSH login: rsync_mem), run
+    against a private sshd in each site; left out with a line when the client or sshd is
+    missing."""
+    from iepm.lab.sshd import SSHD
+    from iepm.probes import PROBES
+    from iepm.probes.base import SSH_LOGIN
+
+    found = []
+    for name, module in sorted(PROBES.items()):
+        if module.META.copy != "memory" or module.META.server != SSH_LOGIN:
+            continue
+        needed = {module.TOOL: module.TOOL, "ssh": "openssh-client", SSHD: "openssh-server"}
+        missing = [f"{p} (Debian: {pkg})" for p, pkg in needed.items() if shutil.which(p) is None]
+        if missing:
+            say(f"iepm demo: no {name} copies: {', '.join(missing)} not installed")
+        else:
+            found.append(module)
+    return found
+
+
 def _walk_links(plan: Any, path: list[str]) -> list[tuple[Any, Any]]:
     """(forward params, backward params) of each link along ``path``."""
     out = []
@@ -231,27 +261,22 @@ def _route(plan: Any, source: str, dest: str) -> list[str]:
     return path
 
 
-def expected_mbit(plan: Any, monitor: str, site: str, streams: int = COPY_STREAMS) -> float:
-    """What ``streams`` TCP streams from the monitor to ``site`` can expect from the lab: the
-    narrowest link, and on a lossy path the Mathis et al. limit (1.22·MSS / (RTT·√p) a
-    stream); the lowest over the site's route now and any route an event switches it to."""
+def expected_mbit(plan: Any, monitor: str, site: str) -> float:
+    """The narrowest link from the monitor to ``site``, the lowest over its route now and any
+    route an event switches it to. Not the Mathis et al. limit of a lossy path: that is Reno's
+    (loss-bound); TCP here may be BBR (this host's), and the tuned iperf3 reached 33 of desy's
+    50 Mbit/s where that limit says ~5."""
     paths = [_route(plan, monitor, site)]
     for event in plan.topology.events:
         if event.action == "route" and event.path and event.path[-1] == site:
             paths.append(list(event.path))
-    rates = []
-    for path in paths:
-        links = _walk_links(plan, path)
-        rate = min((f.rate_mbit or UNLIMITED_MBIT for f, _ in links), default=UNLIMITED_MBIT)
-        rtt_s = sum(f.delay_ms + b.delay_ms for f, b in links) / 1000.0
-        delivered = 1.0
-        for f, _ in links:
-            delivered *= 1.0 - f.loss_percent / 100.0
-        loss = 1.0 - delivered
-        if loss > 0 and rtt_s > 0:
-            rate = min(rate, streams * 1.22 * MSS_BYTES * 8 / (rtt_s * math.sqrt(loss)) / 1e6)
-        rates.append(rate)
-    return min(rates)
+    return min(
+        min(
+            (f.rate_mbit or UNLIMITED_MBIT for f, _ in _walk_links(plan, path)),
+            default=UNLIMITED_MBIT,
+        )
+        for path in paths
+    )
 
 
 def bdp_bytes(plan: Any, monitor: str, site: str) -> int:
@@ -283,15 +308,20 @@ def iperf3_params(bdp: int) -> dict[str, Any]:
 
 
 def copy_params(module: ModuleType, rate_mbit: float) -> dict[str, Any]:
-    """A copy of about COPY_SECONDS at ``rate_mbit`` (1M to COPY_MAX_MB), COPY_STREAMS streams
-    where the probe has streams, killed at COPY_DEADLINE_S."""
+    """A copy of about COPY_SECONDS at ``rate_mbit`` (1M to COPY_MAX_MB), killed at
+    COPY_DEADLINE_S: tuned like the demo's iperf3 — COPY_STREAMS streams where an agent's
+    server takes them, and xrdcp without its per-page CRC32C (the CPU it costs is what xrdcp
+    lost to the load in the lab's tests); a copy over SSH as sites run it (its default spec)."""
+    from iepm.probes.base import SSH_LOGIN
+
     size_mb = max(1, min(COPY_MAX_MB, int(rate_mbit * COPY_SECONDS / 8)))
-    wanted = {
+    wanted: dict[str, Any] = {
         "size": f"{size_mb}M",
-        "streams": COPY_STREAMS,
         "duration_s": COPY_DEADLINE_S,
         "connect_timeout_s": COPY_CONNECT_S,
     }
+    if module.META.server != SSH_LOGIN:
+        wanted |= {"streams": COPY_STREAMS, "page_checksums": False}
     return {k: v for k, v in wanted.items() if k in module.Spec.model_fields}
 
 
@@ -359,6 +389,24 @@ def _start_in_sites(
         stack.callback(lab.stop, proc)
     _wait(what, lambda: all(lab.listening(s, port) for s in sites), procs, start_s)
     return procs
+
+
+def softflowd_argv(dev: str, collector_port: int, pid_file: Path, control: Path) -> list[str]:
+    """softflowd on ``dev`` exporting NetFlow v9 to the collector on the monitor's loopback."""
+    argv = ["softflowd", "-d", "-i", dev, "-v", "9", "-n", f"127.0.0.1:{collector_port}"]
+    # A stream is exported as soon as it ends, so each test's flows come within seconds.
+    argv += ["-t", "expint=1", "-t", "tcp.fin=1", "-t", "tcp.rst=1", "-t", "tcp=30"]
+    # libpcap's default 2 MiB ring overflows when a busy host schedules softflowd late: on
+    # kek's path at load 10-12 it dropped 5.6 % of the packets (a test's flows then read 3-6 %
+    # low); with 32 MiB none (tests/flows/test_lab_demo_path.py).
+    argv += ["-B", str(SOFTFLOWD_BUFFER_BYTES)]
+    return [*argv, "-p", str(pid_file), "-c", str(control)]
+
+
+def _save_statistics(lab: Any, node: str, control: Path, out: Path) -> None:
+    """softflowctl's statistics of a running softflowd (packets libpcap dropped) into ``out``."""
+    run = lab.exec(node, ["softflowctl", "-c", str(control), "statistics"], SERVER_START_S)
+    out.write_text(run.stdout or run.stderr or "softflowctl said nothing\n", encoding="utf-8")
 
 
 def _udp_listening(lab: Any, node: str, port: int) -> bool:
@@ -444,6 +492,7 @@ class Demo:
             scratch = Path(tempfile.mkdtemp(prefix=f"iepm-demo-{lab.name}-", dir="/var/tmp"))
             stack.callback(shutil.rmtree, scratch, True)
             modules = copy_probes(say) if copies else []
+            ssh_modules = ssh_copy_probes(say) if modules else []
             targets: list[dict[str, Any]] = [
                 {"name": s, "address": lab.address(s), "site": s, "port": IPERF3_PORT}
                 for s in sites
@@ -460,11 +509,42 @@ class Demo:
                         "request_timeout_s": AGENT_REQUEST_S,
                     }
                     t["probes"] = [*DEMO_PROBES, *(m.NAME for m in modules)]
-                    rate = expected_mbit(lab.plan, monitors[0], t["site"])
+                    t["rate_mbit"] = rate = expected_mbit(lab.plan, monitors[0], t["site"])
                     t["params"] = {m.NAME: copy_params(m, rate) for m in modules}
                     t["params"]["iperf3"] = iperf3_params(
                         bdp_bytes(lab.plan, monitors[0], t["site"])
                     )
+                if ssh_modules:
+                    sshds = cls._start_sshds(lab, sites, scratch, logs, stack)
+                    servers += [proc for _, proc in sshds.values()]
+                    memory = Path(tempfile.mkdtemp(prefix=f"iepm-demo-{lab.name}-", dir="/dev/shm"))
+                    stack.callback(shutil.rmtree, memory, True)
+                    targets += [
+                        {
+                            "name": f"{t['site']}-ssh",
+                            "address": t["address"],
+                            "site": t["site"],
+                            # The copy writes into a private directory made (and removed) in
+                            # memory_dir; the demo's own directories, removed at exit.
+                            "ssh": {
+                                **sshd.access(),
+                                "step_timeout_s": SSH_STEP_S,
+                                "memory_dir": str(memory),
+                                "work_dir": str(scratch),
+                            },
+                            # The seed's comparison pairs a copy with the iperf3 of its own
+                            # target: the same tuned iperf3, both every COPY_EVERY_S.
+                            "probes": ["iperf3", *(m.NAME for m in ssh_modules)],
+                            "params": {
+                                "iperf3": t["params"]["iperf3"],
+                                **{m.NAME: copy_params(m, t["rate_mbit"]) for m in ssh_modules},
+                            },
+                            "schedule": {
+                                p: COPY_EVERY_S for p in ("iperf3", *(m.NAME for m in ssh_modules))
+                            },
+                        }
+                        for t, (sshd, _) in zip(list(targets), sshds.values(), strict=True)
+                    ]
             else:
                 servers += _start_in_sites(
                     lab, stack, sites, "iperf3 servers", IPERF3_PORT, SERVER_START_S,
@@ -489,6 +569,13 @@ class Demo:
                 f"{', '.join(m.NAME for m in modules)}: iperf3 ({IPERF3_STREAMS} streams, "
                 f"{IPERF3_SECONDS} s, windows from the paths) every {AGENT_IPERF3_EVERY_S:g} s, "
                 f"copies every {COPY_EVERY_S:g} s)"
+                + (
+                    f"; sshd PIDs {', '.join(str(p.pid) for p in servers)} "
+                    f"({', '.join(m.NAME for m in ssh_modules)} and its iperf3 every "
+                    f"{COPY_EVERY_S:g} s, targets <site>-ssh)"
+                    if ssh_modules
+                    else ""
+                )
                 if agents
                 else f"iperf3 servers PIDs {', '.join(str(p.pid) for p in servers)}"
             )
@@ -550,6 +637,25 @@ class Demo:
         )
 
     @staticmethod
+    def _start_sshds(
+        lab: Any, sites: list[str], scratch: Path, logs: Path, stack: contextlib.ExitStack
+    ) -> dict[str, Any]:
+        """A private sshd (key login only, its keys under ``scratch``) in each site's
+        namespace, for the copies over SSH: site → (its PrivateSshd, its process)."""
+        from iepm.lab.sshd import prepare_sshd, sshd_argv
+
+        found = {}
+
+        def start(site: str) -> subprocess.Popen[bytes]:
+            found[site] = prepare_sshd(scratch / f"sshd-{site}", lab.address(site), SSHD_PORT)
+            return lab.popen(site, sshd_argv(found[site]), log=logs / f"sshd-{site}.log")
+
+        procs = _start_in_sites(
+            lab, stack, sites, "the sites' sshd", SSHD_PORT, SERVER_START_S, start
+        )
+        return {site: (found[site], proc) for site, proc in zip(sites, procs, strict=True)}
+
+    @staticmethod
     def _start_flows(
         lab: Any,
         monitor: str,
@@ -587,14 +693,13 @@ class Demo:
         ]
         exporters = [collector]
         for dev in devs:
-            argv = ["softflowd", "-d", "-i", dev, "-v", "9", "-n", f"127.0.0.1:{COLLECTOR_PORT}"]
-            # A stream is exported as soon as it ends, so each test's flows come within seconds.
-            argv += ["-t", "expint=1", "-t", "tcp.fin=1", "-t", "tcp.rst=1", "-t", "tcp=30"]
-            argv += ["-p", str(scratch / f"softflowd-{dev}.pid")]
-            argv += ["-c", str(scratch / f"softflowd-{dev}.ctl")]
+            control = scratch / f"softflowd-{dev}.ctl"
+            argv = softflowd_argv(dev, COLLECTOR_PORT, scratch / f"softflowd-{dev}.pid", control)
             proc = lab.popen(monitor, argv, log=logs / f"softflowd-{dev}.log")
             exporters.append(proc)
             stack.callback(lab.stop, proc)
+            # Before it stops: its counters (libpcap's drops) beside its log.
+            stack.callback(_save_statistics, lab, monitor, control, logs / f"softflowd-{dev}.stats")
         say(
             f"iepm demo: softflowd on {', '.join(devs)} exports NetFlow v9 to iepm flows collect "
             f"into the archive: PIDs {', '.join(str(p.pid) for p in exporters)}"
@@ -789,7 +894,7 @@ def demo_command(
         bool,
         typer.Option(
             "--copies/--no-copies",
-            help="Lab: an agent in each site and memory-to-memory copies through it.",
+            help="Lab: an agent and an sshd in each site, memory-to-memory copies through them.",
         ),
     ] = True,
     flows: Annotated[

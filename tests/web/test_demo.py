@@ -185,7 +185,10 @@ b = "fnal"
 delay_ms = 24
 rate_mbit = 100
 """
-COPY_TOOLS = ("softflowd", "xrdcp", "xrootd", "globus-url-copy", "globus-gridftp-server")
+COPY_TOOLS = (
+    "softflowd", "xrdcp", "xrootd", "globus-url-copy", "globus-gridftp-server", "rsync", "sshd",
+)  # fmt: skip
+COPIES = ("xrdcp_mem", "gridftp_mem", "rsync_mem")
 
 
 @pytest.mark.lab
@@ -201,27 +204,32 @@ def test_lab_demo_stores_copies_and_flow_records_and_leaves_nothing(tmp_path: Pa
     argv = ["--workdir", str(work), "--lab-name", name, "--topology", str(topology)]
     demo = Demo([*argv, "--cycles", "3", "--no-serve"])
     agents = demo.wait_for(r"agents PIDs ([\d, ]+) \(", 120).group(1)
+    sshds = demo.wait_for(r"sshd PIDs ([\d, ]+) \(", 60).group(1)
     flows = demo.wait_for(r"into the archive: PIDs ([\d, ]+)\n", 60).group(1)
-    pids = [int(p) for p in f"{agents}, {flows}".split(", ")]
-    assert len(pids) == 2 + 2  # an agent per site; the collector and one softflowd
+    pids = [int(p) for p in f"{agents}, {sshds}, {flows}".split(", ")]
+    assert len(pids) == 2 + 2 + 2  # an agent and an sshd per site; the collector, a softflowd
     out = demo.finish(420)
     assert demo.proc.returncode == 0, out
 
     with Archive.open(f"sqlite:///{work / 'archive.db'}") as archive:
-        copies = [r for r in archive.results() if r.probe in ("xrdcp_mem", "gridftp_mem")]
+        copies = [r for r in archive.results() if r.probe in COPIES]
         shown = [(r.target, r.probe, r.outcome.value, r.error) for r in copies]
         done = {r.probe for r in copies if r.succeeded and r.data["throughput_bps"] > 0}
-        assert done == {"xrdcp_mem", "gridftp_mem"}, shown
-        # Sized from the lab: ~2 s of each path, at most 32M.
-        assert {r.params["size"] for r in copies if r.target == "fnal"} <= {"25M"}
+        assert done == set(COPIES), shown
+        # Through the agents, and rsync over SSH to each site's private sshd (<site>-ssh).
+        assert {r.target for r in copies if r.probe == "rsync_mem"} <= {"slac-ssh", "fnal-ssh"}
+        # Sized from the lab: ~3 s of each path's narrowest link, at most 64M.
+        assert {r.params["size"] for r in copies if r.target.startswith("fnal")} <= {"37M"}
+        assert not [r for r in copies if r.probe == "xrdcp_mem" and r.data["page_checksums"]]
         iperf = [r for r in archive.results(probe="iperf3") if r.succeeded]
         assert iperf, out
-        # The seed's tuned test: 4 streams for 8 s, each stream's window from its path's BDP.
+        # The seed's tuned test: 4 streams for 8 s, each stream's window from its path's BDP,
+        # through the agent and over SSH alike.
         tuned = {
-            (r.target, r.params["streams"], r.params["window"], r.data["stream_count"])
-            for r in iperf
+            (r.target.removesuffix("-ssh"), r.params["streams"], r.params["window"]) for r in iperf
         }
-        assert tuned <= {("slac", 4, "256K", 4), ("fnal", 4, "256K", 4)}, tuned
+        assert tuned <= {("slac", 4, "256K"), ("fnal", 4, "256K")}, tuned
+        assert {r.data["stream_count"] for r in iperf} == {4}
         assert {r.params["duration_s"] for r in iperf} == {8}
         records = list(read_flows(archive))
         assert records, (work / "logs" / "collector.log").read_text()
@@ -279,6 +287,18 @@ def test_a_copy_whose_tools_are_missing_is_left_out_with_a_line(
     assert "iepm demo: no gridftp_mem copies: its client globus-url-copy not installed" in said
 
 
+def test_copies_over_ssh_without_sshd_are_left_out_with_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: None if "sshd" in name else real(name))
+    said: list[str] = []
+    assert demo_module.ssh_copy_probes(said.append) == []
+    assert said == [
+        "iepm demo: no rsync_mem copies: /usr/sbin/sshd (Debian: openssh-server) not installed"
+    ]
+
+
 def test_copies_are_sized_from_the_demo_lab_paths() -> None:
     plan = topology_plan(load_topology(demo_module.TOPOLOGY))
     sizes = {
@@ -287,12 +307,19 @@ def test_copies_are_sized_from_the_demo_lab_paths() -> None:
         )
         for site in ("slac", "fnal", "cern", "desy", "kek", "ihep")
     }
-    # slac's 1 Gbit/s capped at 32M; cern at its backup route's 30 Mbit/s (the event's); desy and
-    # ihep at the Mathis limit of 4 streams over their loss and RTT (~5 and ~2 Mbit/s): 1M.
+    # ~3 s of the narrowest link: slac's 1 Gbit/s capped at 64M; cern at its backup route's
+    # 30 Mbit/s (the event's); the lossy desy and ihep at their links' 50 and 10 Mbit/s.
     assert {site: p["size"] for site, p in sizes.items()} == {
-        "slac": "32M", "fnal": "25M", "cern": "7M", "desy": "1M", "kek": "25M", "ihep": "1M",
+        "slac": "64M", "fnal": "37M", "cern": "11M", "desy": "18M", "kek": "37M", "ihep": "3M",
     }  # fmt: skip
-    assert all(p["streams"] == 4 and p["duration_s"] == 30 for p in sizes.values())
+    # Tuned as the demo's iperf3 is: 4 streams, and xrdcp without its per-page CRC32C.
+    assert all(
+        (p["streams"], p["duration_s"], p["page_checksums"]) == (4, 30, False)
+        for p in sizes.values()
+    )
+    # A copy over SSH as sites run it: rsync's default spec, one connection.
+    rsync = demo_module.copy_params(PROBES["rsync_mem"], 100.0)
+    assert rsync == {"size": "37M", "duration_s": 30, "connect_timeout_s": 15}
 
 
 def test_iperf3_is_tuned_from_the_demo_lab_paths() -> None:
