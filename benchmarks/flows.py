@@ -31,7 +31,8 @@ iepm's memory is the peak RSS (VmHWM) of its two processes (receiver + worker). 
 durable server (fsync on) started for the run (tests/pg.py), or ``--pg-url``. Prints one JSON
 object; each step also goes to stderr as it ends.
 
-    .venv/bin/python benchmarks/flows.py [--parts ceiling,store,receive,sustained] [--versions 5,9,10]
+    .venv/bin/python benchmarks/flows.py [--parts ceiling,store,receive,sustained]
+        [--versions 5,9,10]
         [--seconds 2] [--rates 5000,...] [--hold 60] [--sustained-rates 20000,...]
         [--dbs sqlite,postgresql] [--store-rows 300000] [--pg-url URL]
 """
