@@ -71,6 +71,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from iepm.flows import store  # noqa: E402
 from iepm.flows.collector import PROGRESS  # noqa: E402
 from iepm.flows.decode import Decoder  # noqa: E402
+from iepm.flows.records import FlowColumns  # noqa: E402
 from iepm.store import Archive  # noqa: E402
 from tests.flows import encoder as enc  # noqa: E402  (the independent encoder of the tests)
 from tests.pg import find_bindir, running_server  # noqa: E402
@@ -380,32 +381,33 @@ def store_part(kind: str, url: str, base_url: str, rows_n: int, version: int) ->
     stream = Stream(version, random.Random(7))
     packets = [stream.packet(k) for k in range(rows_n // RECORDS_PER_PACKET)]
     # The per-record path (the code before numpy) as the decoding baseline, then the worker's
-    # way: a frame of datagrams (FRAME_PACKETS) per decode_many call.
+    # way: a frame of datagrams (FRAME_PACKETS) per decode_columns call, records as columns.
     reference = Decoder(vectorised=False)
     t = time.process_time()
     expected = [f for p in packets for f in reference.decode(p, "127.0.0.1")]
     reference_cpu = time.process_time() - t
     decoder = Decoder()
     t = time.process_time()
-    flows = []
+    columns = FlowColumns()
     for i in range(0, len(packets), FRAME_PACKETS):
-        flows += decoder.decode_many([(p, "127.0.0.1") for p in packets[i : i + FRAME_PACKETS]])
+        frame = [(p, "127.0.0.1") for p in packets[i : i + FRAME_PACKETS]]
+        columns.extend(decoder.decode_columns(frame))
     decode_cpu = time.process_time() - t
-    if flows != expected:
+    if columns.flows() != expected:
         raise RuntimeError("the numpy decoder's flows differ from the per-record decoder's")
     t = time.process_time()
-    rows = list(store.flow_rows(flows, "udp"))
+    rows = list(store.flow_rows(columns, "udp"))
     rows_cpu = time.process_time() - t
-    n = len(flows)
+    n = len(columns)
 
-    def timed(write: Callable[[list[Any]], None], items: list[Any]) -> tuple[float, float]:
+    def timed(write: Callable[[Any], None], items: Any) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
         for i in range(0, len(items), WRITE_ROWS):
             write(items[i : i + WRITE_ROWS])
         return time.perf_counter() - wall, time.process_time() - cpu
 
     with Archive.open(url) as archive:
-        ours_wall, ours_cpu = timed(lambda chunk: store.add_flows(archive, chunk, "udp"), flows)
+        ours_wall, ours_cpu = timed(lambda chunk: store.add_flows(archive, chunk, "udp"), columns)
     with Archive.open(base_url):
         pass  # the same schema, made by iepm; the writes below are the driver's alone
     if kind == "sqlite":
@@ -464,11 +466,8 @@ def ceiling_part(kind: str, url: str, rows_n: int, version: int, work: Path) -> 
     in one transaction; the fastest of ``CEILING_LOADS`` loads.
     The rows are the store part's: the stream's records with iepm's ids."""
     stream = Stream(version, random.Random(11))
-    decoder = Decoder()
-    flows = []
     packets = [stream.packet(k) for k in range(rows_n // RECORDS_PER_PACKET)]
-    for i in range(0, len(packets), FRAME_PACKETS):
-        flows += decoder.decode_many([(p, "127.0.0.1") for p in packets[i : i + FRAME_PACKETS]])
+    flows = Decoder().decode_columns([(p, "127.0.0.1") for p in packets])
     path = work / f"ceiling-{kind}-v{version}.csv"
     with path.open("w", newline="") as out:
         csv.writer(out).writerows(store.flow_rows(flows, "udp"))

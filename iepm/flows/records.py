@@ -54,3 +54,7 @@ class FlowColumns:
 
     def flows(self) -> list[Flow]:
         return list(map(_new_flow, zip(*self.columns, strict=True)))
+
+    def __getitem__(self, part: slice) -> FlowColumns:
+        """Records ``part`` (a slice) as columns of their own."""
+        return FlowColumns([column[part] for column in self.columns])
