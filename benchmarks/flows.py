@@ -605,11 +605,23 @@ def summary(report: dict[str, Any], versions: list[int], dbs: list[str]) -> list
         sustained = report.get("sustained", {}).get(f"v{version}", {})
         nfcapd = sustained.get("baseline", {}).get("nfcapd_sustained_loss_free_records_per_s")
         for kind in dbs:
-            ceiling = next(
-                (c["ceiling_rows_per_s"] for c in report.get("ceiling", [])
-                 if c["db"] == kind and c["version"] == version),
-                None,
-            )  # fmt: skip
+            load = [
+                x for s in sustained.get("steps", []) if s["db"] in (kind, None)
+                for x in (s["load_before"], s["load_after"])
+            ]  # fmt: skip
+            ceiling = ceiling_cpu = worker_cpu = None
+            for c in report.get("ceiling", []):
+                if c["db"] == kind and c["version"] == version:
+                    ceiling, ceiling_cpu = c["ceiling_rows_per_s"], c["cpu_us_per_row"]
+                    load += c["load_1min_each"]
+            for p in report.get("store", []):
+                if p["db"] == kind and p["version"] == version:
+                    # The worker's own CPU per record: decoding, then ids, rows and the write.
+                    spent = (
+                        p["decode_cpu_us_per_record"],
+                        p["figure"]["add_flows_cpu_us_per_record"],
+                    )
+                    worker_cpu = round(sum(spent), 2)
             ours = sustained.get(kind, {}).get("figure", {})
             stored, loss_free = (
                 ours.get("iepm_best_stored_per_s"),
@@ -622,12 +634,15 @@ def summary(report: dict[str, Any], versions: list[int], dbs: list[str]) -> list
             out.append({
                 "version": version, "db": kind, "nfcapd_loss_free_records_per_s": nfcapd,
                 "nfcapd_is_lower_bound": sustained.get("baseline_is_lower_bound"),
-                "archive_ceiling_rows_per_s": ceiling, "iepm_stored_per_s": stored,
+                "archive_ceiling_rows_per_s": ceiling,
+                "archive_ceiling_cpu_us_per_row": ceiling_cpu,
+                "iepm_worker_cpu_us_per_record": worker_cpu, "iepm_stored_per_s": stored,
                 "iepm_loss_free_records_per_s": loss_free,
                 "ceiling_over_nfcapd": ratio(ceiling, nfcapd),
                 "iepm_stored_over_nfcapd": ratio(stored, nfcapd),
                 "iepm_loss_free_over_nfcapd": ratio(loss_free, nfcapd),
                 "iepm_stored_over_ceiling": ratio(stored, ceiling),
+                "load_1min_range": [round(min(load), 1), round(max(load), 1)] if load else None,
             })  # fmt: skip
     return out
 
