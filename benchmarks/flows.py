@@ -21,11 +21,18 @@ goes to both collectors, which get the same socket receive buffer. nfcapd writes
   no iepm code at all: the driver alone (sqlite3 ``executemany`` of a plain INSERT in WAL mode /
   psycopg's binary ``COPY`` straight into the table), same schema, same transactions.
 
+- ``ceiling``: the archive's own ceiling, with nothing of iepm's Python in the way: the same kind of
+  rows, as a CSV file built beforehand, loaded into iepm's real ``flows`` table (primary key and
+  indexes) by the server's ``COPY FROM`` file / the ``sqlite3`` CLI's ``.import``; rows/s (the
+  fastest of ``CEILING_LOADS``) and CPU per row (the load barely moves it). ``summary`` puts it
+  beside nfcapd's sustained loss-free rate and iepm's stored/s of the same run, with the ratios.
+
 iepm's memory is the peak RSS (VmHWM) of its two processes (receiver + worker). PostgreSQL is a
 durable server (fsync on) started for the run (tests/pg.py), or ``--pg-url``. Prints one JSON
 object; each step also goes to stderr as it ends.
 
-    .venv/bin/python benchmarks/flows.py [--parts receive,sustained,store] [--versions 5,9,10]
+    .venv/bin/python benchmarks/flows.py [--parts ceiling,store,receive,sustained]
+        [--versions 5,9,10]
         [--seconds 2] [--rates 5000,...] [--hold 60] [--sustained-rates 20000,...]
         [--dbs sqlite,postgresql] [--store-rows 300000] [--pg-url URL]
 """
@@ -33,9 +40,11 @@ object; each step also goes to stderr as it ends.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -62,6 +71,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from iepm.flows import store  # noqa: E402
 from iepm.flows.collector import PROGRESS  # noqa: E402
 from iepm.flows.decode import Decoder  # noqa: E402
+from iepm.flows.records import FlowColumns  # noqa: E402
 from iepm.store import Archive  # noqa: E402
 from tests.flows import encoder as enc  # noqa: E402  (the independent encoder of the tests)
 from tests.pg import find_bindir, running_server  # noqa: E402
@@ -78,6 +88,7 @@ PROGRESS_S = 0.5
 MARK = 0x5EED0000
 SEQ_OFFSET = {5: 16, 9: 12, 10: 8}
 WRITE_ROWS = 50_000  # rows per transaction in the store part (the writer's WRITE_RECORDS)
+CEILING_LOADS = 3  # loads of the same file per ceiling; the fastest is the ceiling (load noise)
 FRAME_PACKETS = 600  # datagrams per decode_many call in the store part (a 1 MiB receiver frame)
 
 
@@ -370,32 +381,33 @@ def store_part(kind: str, url: str, base_url: str, rows_n: int, version: int) ->
     stream = Stream(version, random.Random(7))
     packets = [stream.packet(k) for k in range(rows_n // RECORDS_PER_PACKET)]
     # The per-record path (the code before numpy) as the decoding baseline, then the worker's
-    # way: a frame of datagrams (FRAME_PACKETS) per decode_many call.
+    # way: a frame of datagrams (FRAME_PACKETS) per decode_columns call, records as columns.
     reference = Decoder(vectorised=False)
     t = time.process_time()
     expected = [f for p in packets for f in reference.decode(p, "127.0.0.1")]
     reference_cpu = time.process_time() - t
     decoder = Decoder()
     t = time.process_time()
-    flows = []
+    columns = FlowColumns()
     for i in range(0, len(packets), FRAME_PACKETS):
-        flows += decoder.decode_many([(p, "127.0.0.1") for p in packets[i : i + FRAME_PACKETS]])
+        frame = [(p, "127.0.0.1") for p in packets[i : i + FRAME_PACKETS]]
+        columns.extend(decoder.decode_columns(frame))
     decode_cpu = time.process_time() - t
-    if flows != expected:
+    if columns.flows() != expected:
         raise RuntimeError("the numpy decoder's flows differ from the per-record decoder's")
     t = time.process_time()
-    rows = list(store.flow_rows(flows, "udp"))
+    rows = list(store.flow_rows(columns, "udp"))
     rows_cpu = time.process_time() - t
-    n = len(flows)
+    n = len(columns)
 
-    def timed(write: Callable[[list[Any]], None], items: list[Any]) -> tuple[float, float]:
+    def timed(write: Callable[[Any], None], items: Any) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
         for i in range(0, len(items), WRITE_ROWS):
             write(items[i : i + WRITE_ROWS])
         return time.perf_counter() - wall, time.process_time() - cpu
 
     with Archive.open(url) as archive:
-        ours_wall, ours_cpu = timed(lambda chunk: store.add_flows(archive, chunk, "udp"), flows)
+        ours_wall, ours_cpu = timed(lambda chunk: store.add_flows(archive, chunk, "udp"), columns)
     with Archive.open(base_url):
         pass  # the same schema, made by iepm; the writes below are the driver's alone
     if kind == "sqlite":
@@ -446,6 +458,104 @@ def store_part(kind: str, url: str, base_url: str, rows_n: int, version: int) ->
     }  # fmt: skip
 
 
+def ceiling_part(kind: str, url: str, rows_n: int, version: int, work: Path) -> dict[str, Any]:
+    """The archive's own ceiling: flow rows per second the database takes when nothing of iepm's
+    Python is in the way, by the tool a user would pick, from a CSV file built beforehand —
+    ``COPY flows ... FROM 'FILE' (FORMAT csv)`` read by the PostgreSQL server, the ``sqlite3``
+    CLI's ``.import`` — into iepm's real ``flows`` table (primary key and both indexes), empty,
+    in one transaction; the fastest of ``CEILING_LOADS`` loads.
+    The rows are the store part's: the stream's records with iepm's ids."""
+    stream = Stream(version, random.Random(11))
+    packets = [stream.packet(k) for k in range(rows_n // RECORDS_PER_PACKET)]
+    flows = Decoder().decode_columns([(p, "127.0.0.1") for p in packets])
+    path = work / f"ceiling-{kind}-v{version}.csv"
+    with path.open("w", newline="") as out:
+        csv.writer(out).writerows(store.flow_rows(flows, "udp"))
+    target = make_url(url)
+    if kind == "sqlite":
+        command = ["sqlite3", target.database or "", ".mode csv", f".import {path} flows"]
+        what = "sqlite3 CLI .import of a CSV file (WAL, synchronous=FULL as iepm leaves the file)"
+    else:
+        # The server reads the file itself (it runs as another user: let it in).
+        work.chmod(0o755)
+        path.chmod(0o644)
+        conninfo = target.set(drivername="postgresql").render_as_string(False)
+        command = [f"COPY flows ({store._ID_SQL}) FROM '{path}' (FORMAT csv)"]
+        what = "COPY flows FROM a CSV file read by the server (one transaction, fsync on)"
+    walls, cpus, loads = [], [], []
+    for _ in range(CEILING_LOADS):
+        with Archive.open(url) as archive, archive.writing("empty flows") as conn:
+            conn.exec_driver_sql("DELETE FROM flows")  # iepm's schema, empty: the tool's load
+        loads.append(os.getloadavg()[0])
+        if kind == "sqlite":
+            child = resource.getrusage(resource.RUSAGE_CHILDREN)
+            wall = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            walls.append(time.perf_counter() - wall)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            # sqlite3 does all of SQLite's work in its own process.
+            cpus.append(after.ru_utime + after.ru_stime - child.ru_utime - child.ru_stime)
+            if done.returncode != 0:
+                raise RuntimeError(f"sqlite3 failed: {done.stderr.strip()}")
+        else:
+            with psycopg.connect(conninfo, autocommit=True) as pg:
+                pg.execute("VACUUM flows")
+                pg.execute("CHECKPOINT")  # the last load's dirty pages are not this one's work
+                pg.autocommit = False
+                # This connection's backend and the server's own processes (WAL writer,
+                # checkpointer): their CPU is the archive's per-row cost, which load barely moves.
+                pids = [*server_pids(), pg.info.backend_pid]
+                server_cpu = cpu_s(pids)
+                wall = time.perf_counter()
+                pg.execute(command[0])
+                pg.commit()
+                walls.append(time.perf_counter() - wall)
+                cpus.append(cpu_s(pids) - server_cpu)
+        with Archive.open(url) as archive, archive.reading("count") as conn:
+            stored = conn.exec_driver_sql("SELECT count(*) FROM flows").scalar_one()
+        if stored != len(flows):
+            raise RuntimeError(f"{kind} ceiling: {stored} rows stored of {len(flows)}")
+    path.unlink()
+    n, best_wall = len(flows), min(walls)
+    return {
+        "db": kind, "version": version, "rows": n, "what": what, "loads": CEILING_LOADS,
+        "ceiling_rows_per_s": round(n / best_wall),
+        "ceiling_rows_per_s_each": [round(n / w) for w in walls],
+        # PostgreSQL: the backend's CPU, and the server's own processes' only for the run's own
+        # server (not with --pg-url).
+        "cpu_us_per_row": round(min(cpus) / n * 1e6, 2),
+        "load_1min_each": [round(x, 2) for x in loads],
+    }  # fmt: skip
+
+
+PG_SERVER: dict[str, int] = {}  # the postmaster's PID when the run started its own server
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (0 for one that is gone)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def server_pids() -> list[int]:
+    """The run's own PostgreSQL server: the postmaster and its children (the backends, the
+    WAL writer, the checkpointer); empty with ``--pg-url``."""
+    root = PG_SERVER.get("pid")
+    if root is None:
+        return []
+    pids = [root]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == root:
+                pids.append(int(stat.parent.name))
+    return pids
+
+
 @contextmanager
 def databases(dbs: list[str], pg_url: str | None, work: Path) -> Iterator[Callable[[str], str]]:
     """A function giving a new, empty database URL of a kind, each dropped afterwards."""
@@ -458,7 +568,10 @@ def databases(dbs: list[str], pg_url: str | None, work: Path) -> Iterator[Callab
                 if bindir is None:
                     raise SystemExit("no PostgreSQL server binaries: give --pg-url or --dbs sqlite")
                 # A durable server (fsync on): the figures are what a real archive would see.
-                server_url = stack.enter_context(running_server(bindir, settings={})).url()
+                server = stack.enter_context(running_server(bindir, settings={}))
+                server_url = server.url()
+                pid_file = server.directory / "data" / "postmaster.pid"
+                PG_SERVER["pid"] = int(pid_file.read_text().split()[0])
             admin = psycopg.connect(
                 make_url(server_url).set(drivername="postgresql").render_as_string(False),
                 autocommit=True,
@@ -484,9 +597,59 @@ def best(rates: list[float]) -> float:
     return max(rates) if rates else 0.0
 
 
+def summary(report: dict[str, Any], versions: list[int], dbs: list[str]) -> list[dict[str, Any]]:
+    """Per version and archive, the figures of this run side by side: nfcapd's sustained
+    loss-free rate, the archive's ceiling, iepm's sustained stored/s, and their ratios."""
+    out = []
+    for version in versions:
+        sustained = report.get("sustained", {}).get(f"v{version}", {})
+        nfcapd = sustained.get("baseline", {}).get("nfcapd_sustained_loss_free_records_per_s")
+        for kind in dbs:
+            load = [
+                x for s in sustained.get("steps", []) if s["db"] in (kind, None)
+                for x in (s["load_before"], s["load_after"])
+            ]  # fmt: skip
+            ceiling = ceiling_cpu = worker_cpu = None
+            for c in report.get("ceiling", []):
+                if c["db"] == kind and c["version"] == version:
+                    ceiling, ceiling_cpu = c["ceiling_rows_per_s"], c["cpu_us_per_row"]
+                    load += c["load_1min_each"]
+            for p in report.get("store", []):
+                if p["db"] == kind and p["version"] == version:
+                    # The worker's own CPU per record: decoding, then ids, rows and the write.
+                    spent = (
+                        p["decode_cpu_us_per_record"],
+                        p["figure"]["add_flows_cpu_us_per_record"],
+                    )
+                    worker_cpu = round(sum(spent), 2)
+            ours = sustained.get(kind, {}).get("figure", {})
+            stored, loss_free = (
+                ours.get("iepm_best_stored_per_s"),
+                ours.get("iepm_sustained_loss_free_records_per_s"),
+            )
+
+            def ratio(a: float | None, b: float | None) -> float | None:
+                return round(a / b, 3) if a is not None and b else None
+
+            out.append({
+                "version": version, "db": kind, "nfcapd_loss_free_records_per_s": nfcapd,
+                "nfcapd_is_lower_bound": sustained.get("baseline_is_lower_bound"),
+                "archive_ceiling_rows_per_s": ceiling,
+                "archive_ceiling_cpu_us_per_row": ceiling_cpu,
+                "iepm_worker_cpu_us_per_record": worker_cpu, "iepm_stored_per_s": stored,
+                "iepm_loss_free_records_per_s": loss_free,
+                "ceiling_over_nfcapd": ratio(ceiling, nfcapd),
+                "iepm_stored_over_nfcapd": ratio(stored, nfcapd),
+                "iepm_loss_free_over_nfcapd": ratio(loss_free, nfcapd),
+                "iepm_stored_over_ceiling": ratio(stored, ceiling),
+                "load_1min_range": [round(min(load), 1), round(max(load), 1)] if load else None,
+            })  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="receive,sustained,store")
+    parser.add_argument("--parts", default="ceiling,store,receive,sustained")
     parser.add_argument("--versions", default="5,9,10")
     parser.add_argument("--seconds", type=float, default=2.0, help="per receive step")
     parser.add_argument("--rates", default="10000,40000,160000,320000,640000")
@@ -515,6 +678,13 @@ def main() -> None:
                     for kind in dbs
                 ]
                 sys.stderr.write(json.dumps(report["store"]) + "\n")
+            if "ceiling" in parts:
+                report["ceiling"] = [
+                    ceiling_part(kind, new_db(kind), args.store_rows, version, work)
+                    for version in versions
+                    for kind in dbs
+                ]
+                sys.stderr.write(json.dumps(report["ceiling"]) + "\n")
             streams = {v: Stream(v, rng) for v in versions}
             if "receive" in parts:
                 out = report["receive"] = {"seconds_per_step": args.seconds}
@@ -593,6 +763,7 @@ def main() -> None:
                         }  # fmt: skip
                     entry["steps"] = steps
                     out[f"v{version}"] = entry
+    report["summary"] = summary(report, versions, dbs)
     report["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=2))
 

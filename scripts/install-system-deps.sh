@@ -23,6 +23,7 @@ declare -A NEEDED=(
   [globus-url-copy]=globus-gass-copy-progs  # gridftp_mem / gridftp_disk (monitor side)
   [/usr/sbin/globus-gridftp-server]=globus-gridftp-server-progs  # the agent's gridftp kind (target side)
   [nfdump]=nfdump                # `iepm flows import` reads nfcapd files; nfcapd: benchmarks/flows.py
+  [sqlite3]=sqlite3              # benchmarks/flows.py: the archive's own ceiling (.import)
   [/usr/sbin/softflowd]=softflowd  # the lab's flow exporter (tests/flows/test_lab_flows.py)
 )
 missing=()

@@ -36,7 +36,8 @@ from subprocess import PIPE
 from typing import IO, Any
 
 from iepm.errors import IepmError
-from iepm.flows.decode import Decoder, DecodeStats, Flow
+from iepm.flows.decode import Decoder, DecodeStats
+from iepm.flows.records import FlowColumns
 from iepm.flows.store import add_flows
 from iepm.runner import SyncSupervised, start_process_sync
 from iepm.store import Archive
@@ -119,50 +120,50 @@ class Pipeline:
         self.source = source
         self.decoder = Decoder()
         self.report = CollectorReport(self.decoder.stats)
-        self._queue: queue.Queue[list[Flow] | None] = queue.Queue(maxsize=queue_batches)
+        self._queue: queue.Queue[FlowColumns | None] = queue.Queue(maxsize=queue_batches)
         self.lock = threading.Lock()  # guards report (the writer thread updates it)
-        self._batch: list[Flow] = []
+        self._batch = FlowColumns()  # columns, not a tuple per record (see FlowColumns)
         self._flushed = time.monotonic()
         self._writer = threading.Thread(target=self._write_loop, name="iepm-flows-writer")
         self._writer.daemon = True
         self._writer.start()
 
     def feed(self, packet: bytes, exporter: str) -> None:
-        self._batch.extend(self.decoder.decode(packet, exporter))
+        self._batch.extend(FlowColumns.of(self.decoder.decode(packet, exporter)))
         if len(self._batch) >= self.batch_records:
             self.tick(force=True)
 
     def feed_many(self, packets: list[tuple[bytes, str]]) -> None:
         """:meth:`feed` for a receiver frame's datagrams, decoded together (numpy per frame)."""
-        self._batch.extend(self.decoder.decode_many(packets))
+        self._batch.extend(self.decoder.decode_columns(packets))
         if len(self._batch) >= self.batch_records:
             self.tick(force=True)
 
     def tick(self, *, force: bool = False) -> None:
         """Hand the pending records to the writer if the batch is full or ``flush_s`` passed."""
         now = time.monotonic()
-        if self._batch and (force or now - self._flushed >= self.flush_s):
+        if len(self._batch) and (force or now - self._flushed >= self.flush_s):
             self._hand_over(self._batch)
-            self._batch, self._flushed = [], now
+            self._batch, self._flushed = FlowColumns(), now
 
     def close(self) -> CollectorReport:
         """Write what is pending, waiting at most the write deadline for the archive."""
-        if self._batch:
+        if len(self._batch):
             self._hand_over(self._batch)
-            self._batch = []
+            self._batch = FlowColumns()
         self._queue_put(None)
         self._writer.join(self.write_deadline_s)
         if self._writer.is_alive():
             self.error(f"archive writes still running after {self.write_deadline_s:g} s")
         return self.report
 
-    def _hand_over(self, batch: list[Flow]) -> None:
+    def _hand_over(self, batch: FlowColumns) -> None:
         if not self._queue_put(batch):
             with self.lock:
                 self.report.dropped += len(batch)
             self.error(f"archive took no batch for {self.write_deadline_s:g} s: batch dropped")
 
-    def _queue_put(self, item: list[Flow] | None) -> bool:
+    def _queue_put(self, item: FlowColumns | None) -> bool:
         try:
             self._queue.put(item, timeout=self.write_deadline_s)
         except queue.Full:

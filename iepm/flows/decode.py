@@ -20,12 +20,11 @@ import socket
 import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from functools import partial
-from itertools import repeat
+from typing import Any
 
 import numpy as np
 
-from iepm.flows.records import Flow
+from iepm.flows.records import Flow, FlowColumns
 
 # Bounds against a flood of templates (a broken or hostile exporter): beyond these, new
 # templates are refused and counted, so memory stays bounded.
@@ -230,12 +229,17 @@ class Decoder:
 
     def decode(self, packet: bytes, exporter: str) -> list[Flow]:
         """The flow records in one export packet from ``exporter`` (its address)."""
-        return self._finish(self._parts(packet, exporter))
+        return self._finish(self._parts(packet, exporter)).flows()
 
     def decode_many(self, packets: Iterable[tuple[bytes, str]]) -> list[Flow]:
         """The flow records of many (packet, exporter) pairs, as :meth:`decode` of each in turn
-        would give them. Data sets of one layout in a row are turned into flows together: numpy's
-        cost per call is paid per run of packets, not per packet of 30 records."""
+        would give them."""
+        return self.decode_columns(packets).flows()
+
+    def decode_columns(self, packets: Iterable[tuple[bytes, str]]) -> FlowColumns:
+        """:meth:`decode_many`'s records as columns (the collector's hot path: no tuple per
+        record). Data sets of one layout in a row are turned into columns together: numpy's cost
+        per call is paid per run of packets, not per packet of 30 records."""
         parts: list[Flow | _Columns] = []
         for packet, exporter in packets:
             parts += self._parts(packet, exporter)
@@ -260,29 +264,29 @@ class Decoder:
         self.stats.bad_version += 1
         return []
 
-    def _finish(self, parts: list[Flow | _Columns]) -> list[Flow]:
-        """Columns and per-record flows → flows, in order, counted."""
-        out: list[Flow] = []
+    def _finish(self, parts: list[Flow | _Columns]) -> FlowColumns:
+        """Data sets read by numpy and per-record flows → columns, in order, counted."""
+        out = FlowColumns()
         pending: list[Flow] = []
         run: list[_Columns] = []
         for item in parts:
             if type(item) is _Columns:
                 if pending:
-                    out += self._checked(pending)
+                    out.extend(FlowColumns.of(self._checked(pending)))
                     pending = []
                 if run and not item.joins(run[0]):  # type: ignore[union-attr]
-                    out += self._materialise(run)
+                    out.extend(self._materialise(run))
                     run = []
                 run.append(item)  # type: ignore[arg-type]
             else:
                 if run:
-                    out += self._materialise(run)
+                    out.extend(self._materialise(run))
                     run = []
                 pending.append(item)  # type: ignore[arg-type]
         if run:
-            out += self._materialise(run)
+            out.extend(self._materialise(run))
         if pending:
-            out += self._checked(pending)
+            out.extend(FlowColumns.of(self._checked(pending)))
         return out
 
     def _checked(self, flows: list[Flow]) -> list[Flow]:
@@ -304,8 +308,8 @@ class Decoder:
                 self.stats.zero_duration += 1
         return flows
 
-    def _materialise(self, run: list[_Columns]) -> list[Flow]:
-        """Data sets of one layout read by numpy → flows, counted exactly as :meth:`_checked`
+    def _materialise(self, run: list[_Columns]) -> FlowColumns:
+        """Data sets of one layout read by numpy → columns, counted exactly as :meth:`_checked`
         counts the per-record path's: the arithmetic and the range checks on whole arrays, exact
         (a result beyond the archive's signed 64 bits is dropped and counted, never wrapped),
         Python ints made last."""
@@ -367,15 +371,11 @@ class Decoder:
         for name in ("bytes", "pkts"):
             if name in names:
                 bad = bad | _above(a[name], INT64_MAX)
-        exporters: Iterable[str]
-        domains: Iterable[int]
-        versions: Iterable[int]
+        exporters: list[str]
+        domains: list[int]
+        versions: list[int]
         if len(run) == 1:
-            exporters, domains, versions = (
-                repeat(c.exporter, n),
-                repeat(c.domain, n),
-                repeat(c.version, n),
-            )
+            exporters, domains, versions = [c.exporter] * n, [c.domain] * n, [c.version] * n
         else:
             exporters, domains, versions = [], [], []
             for r, k in zip(run, counts, strict=True):
@@ -394,24 +394,23 @@ class Decoder:
             versions = [x for x, k in zip(versions, kept, strict=False) if k]
             n = len(a)
         if n == 0:
-            return []
+            return FlowColumns()
         self.stats.records += n
         zeros = np.zeros(n, dtype=np.int64)
         octets = a["bytes"] if "bytes" in names else zeros
         self.stats.zero_bytes += n - int(np.count_nonzero(octets))
         self.stats.zero_duration += int(np.count_nonzero(end <= start))
         pack, ntoa = _U32.pack, socket.inet_ntoa
-        columns = [
+        columns: list[list[Any]] = [
+            exporters, domains, versions,
             list(map(ntoa, map(pack, a["src"].tolist()))),
             list(map(ntoa, map(pack, a["dst"].tolist()))),
-        ]
+        ]  # fmt: skip
         for name in ("sport", "dport", "proto", "bytes", "pkts"):
             columns.append((a[name] if name in names else zeros).tolist())
         columns += [start.tolist(), end.tolist()]
-        samplings = sampling.tolist() if isinstance(sampling, np.ndarray) else repeat(sampling, n)
-        return list(
-            map(_new_flow, zip(exporters, domains, versions, *columns, samplings, strict=False))
-        )
+        columns.append(sampling.tolist() if isinstance(sampling, np.ndarray) else [sampling] * n)
+        return FlowColumns(columns)
 
     def template_count(self) -> int:
         return sum(len(d.templates) for d in self._domains.values())
@@ -804,7 +803,6 @@ V5_DTYPE = np.dtype(
     }
 )
 _U32 = struct.Struct("!I")
-_new_flow = partial(tuple.__new__, Flow)
 
 
 UP, INIT, NOW = 1, 2, 3  # how a data set's uptime-relative times become Unix ms (see _timed)

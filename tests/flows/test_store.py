@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from iepm.errors import StoreError
 from iepm.flows.decode import Flow
-from iepm.flows.store import add_flows, flow_id, read_flows
+from iepm.flows.records import FlowColumns
+from iepm.flows.store import add_flows, flow_id, flow_ids, read_flows
 from iepm.store import Archive
 
 text = st.text(max_size=40)  # any text: quotes, backslashes, non-ASCII (repr escapes them)
@@ -32,6 +33,15 @@ def id_as_written_before(flow: Flow) -> str:
 @given(flows)
 def test_the_id_is_the_one_stored_archives_hold(flow: Flow) -> None:
     assert flow_id(flow) == id_as_written_before(flow)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(flows, max_size=20))
+def test_ids_from_columns_are_the_ids_of_the_records(records: list[Flow]) -> None:
+    """The collector's path (records as columns) gives each record the id it always had."""
+    columns = FlowColumns.of(records)
+    assert columns.flows() == records
+    assert flow_ids(columns) == [id_as_written_before(f) for f in records]
 
 
 @pytest.fixture
@@ -62,8 +72,21 @@ def test_large_batches_store_each_record_once(archive: Archive) -> None:
     assert sorted(stored) == sorted(first + second)
 
 
+def test_columns_and_records_dedupe_against_each_other(archive: Archive) -> None:
+    """A batch of columns (the collector's) and of records (an import, an archive written
+    before) are the same rows: nothing is stored twice, whichever came first."""
+    first, second = sample(5_000, 3), sample(5_000, 4)
+    assert add_flows(archive, first, "nfcapd:file") == 5_000
+    both = FlowColumns.of(first + second)
+    assert add_flows(archive, both, "udp") == 5_000
+    assert add_flows(archive, both[:2_500], "udp") == 0
+    assert add_flows(archive, second, "udp") == 0
+    assert sorted(read_flows(archive)) == sorted(first + second)
+
+
 def test_an_empty_batch_stores_nothing(archive: Archive) -> None:
     assert add_flows(archive, [], "udp") == 0
+    assert add_flows(archive, FlowColumns(), "udp") == 0
     assert list(read_flows(archive)) == []
 
 
