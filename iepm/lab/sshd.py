@@ -43,10 +43,19 @@ def _keygen(path: Path) -> None:
     )
 
 
-def prepare_sshd(directory: Path, address: str, port: int) -> PrivateSshd:
+def prepare_sshd(
+    directory: Path,
+    address: str,
+    port: int,
+    password_auth: bool = False,
+    extra_config: tuple[str, ...] = (),
+) -> PrivateSshd:
     """Write the keys, known_hosts and sshd_config of an sshd on ``address``:``port`` into
-    ``directory`` (made here, mode 0700: sshd and ssh refuse keys others can read)."""
-    directory.mkdir(mode=0o700, parents=True)
+    ``directory`` (made here if missing, mode 0700: sshd and ssh refuse keys others can read).
+    ``password_auth``: the server offers passwords too (root may log in with one);
+    ``extra_config``: more sshd_config lines."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)
     _keygen(directory / "host_key")
     _keygen(directory / "client_key")
     authorized = directory / "authorized_keys"
@@ -61,12 +70,13 @@ def prepare_sshd(directory: Path, address: str, port: int) -> PrivateSshd:
         f"HostKey {directory / 'host_key'}",
         f"PidFile {directory / 'sshd.pid'}",
         f"AuthorizedKeysFile {authorized}",
-        "PermitRootLogin prohibit-password",
-        "PasswordAuthentication no",
+        "PermitRootLogin yes" if password_auth else "PermitRootLogin prohibit-password",
+        f"PasswordAuthentication {'yes' if password_auth else 'no'}",
         "KbdInteractiveAuthentication no",
         "UsePAM no",
         "StrictModes no",
         "LoginGraceTime 20",
+        *extra_config,
     ]
     config.write_text("\n".join(lines) + "\n")
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
