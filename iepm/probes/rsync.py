@@ -100,7 +100,7 @@ COLUMNS = [
     Column("throughput_bps", "bytes over transfer_s, bit/s"),
     Column("committed_throughput_bps", "bytes over transfer_s + commit_s, bit/s"),
     Column("end_to_end_throughput_bps", "bytes over elapsed_s (set-up included), bit/s"),
-    Column("tool_throughput_bps", "rsync's own rate on its 100% line, bit/s"),
+    Column("tool_throughput_bps", "rsync's own rate on its 100% line (streams: their sum), bit/s"),
     Column("summary_throughput_bps", "rsync's summary bytes/sec (whole seconds of its run), bit/s"),
     Column("streams", "rsync copies run at once, one file and one SSH connection each"),
     Column("connections", "SSH connections that authenticated"),
