@@ -250,7 +250,9 @@ def by_stream(raw: RawRun) -> dict[int, tuple[Events, Events]]:
     """Each rsync's stamped (stdout, stderr) lines: one stream, or several run at once by
     ``stamp.py --all`` whose lines carry their place (``<I> ``, removed here)."""
     out, err = stamped(raw.stdout), stamped(raw.stderr)
-    if ALL not in raw.argv[:4]:
+    # stamp.py's own flag, wherever the command starts (ip netns exec ... in a namespace).
+    at = next((i for i, arg in enumerate(raw.argv) if arg.endswith("stamp.py")), None)
+    if at is None or raw.argv[at + 1 : at + 2] != (ALL,):
         return {0: (out, err)}
     streams: dict[int, tuple[Events, Events]] = {}
     for lines, side in ((out, 0), (err, 1)):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,11 +22,12 @@ import psutil
 import pytest
 
 from iepm.config import SshAccess
-from iepm.probes import rsync_disk, rsync_mem, xrdcp
+from iepm.probes import rsync, rsync_disk, rsync_mem, xrdcp
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.remote.ssh import check_target
 from iepm.results import Outcome, Result
+from iepm.runner import RawRun
 from tests.helpers import free_port
 from tests.remote.conftest import wait_until
 from tests.remote.sshd import Sshd, private_sshd
@@ -136,6 +139,20 @@ def test_a_disk_copy_commits_when_asked(sshd: Sshd, work_dir: Path, commit: str)
     # The seeded source stays for the next run; the copy on the target does not.
     assert [p.name for p in source_dir.iterdir()] == [f"iepm-xrdcp-{8 * 1024**2}.src"]
     assert wait_until(lambda: nothing_left(sshd, target_dir), 5.0)
+
+
+def test_streams_are_read_apart_when_the_command_runs_in_a_namespace() -> None:
+    """The recorded 4-stream copy, as run in a lab namespace (ip netns exec before stamp.py):
+    the same reading, each stream's lines apart."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "rsync"
+    case = "rsync-3.5.0_openssh-9.2p1--mem-4streams"
+    oracle = json.loads((fixtures / f"{case}.json").read_text())
+    argv = ("ip", "netns", "exec", "lab-mon", *shlex.split(oracle["command"]))
+    out, err = ((fixtures / f"{case}.{end}").read_text() for end in ("out", "err"))
+    raw = RawRun(argv, out, err)
+    data = rsync.parse(raw, rsync_mem.Spec(size=oracle["size"], streams=4))
+    assert data == oracle["data"]
+    assert data["streams"] == data["connections"] == 4
 
 
 # --- failures are data, nothing left behind -----------------------------------------------------
