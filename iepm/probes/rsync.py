@@ -3,8 +3,11 @@
 Why rsync rather than scp/sftp: it is what sites move data with over SSH, it reports its own
 rate (the progress line of each file: bytes, rate, elapsed time) and its own totals when its
 output is not a terminal (scp and sftp draw their meters only on a terminal), and it commits a
-copy itself (``--fsync``, rsync ≥ 3.2.4). One TCP connection: SSH has no parallel streams, and
-OpenSSH's cipher (``cipher``) is what bounds a single copy on a fast path.
+copy itself (``--fsync``, rsync ≥ 3.2.4). SSH is one TCP connection per copy: parallel
+streams are several rsyncs at once, one part of the copy and one SSH connection each (as
+fpsync or ``xargs -P rsync``), under one stamp.py (``--all``) so that the set is one raw record.
+One connection falls behind under load: its four processes (rsync, ssh, sshd, rsync) do not get
+the CPUs when they need them and TCP idles (README, "Copies over SSH").
 
 Neither rsync nor ssh stamps its lines with a time, so the command runs under
 :mod:`.stamp` (Debian's python3), which prefixes every line of rsync's stdout and ssh's ``-v``
