@@ -284,7 +284,7 @@ def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
                 rsync = rsync_mem.Spec(size=size, duration_s=60, streams=1)
                 chacha = rsync.model_copy(update={"cipher": "chacha20-poly1305@openssh.com"})
                 # Parallel rsync over as many SSH connections (fpsync, parsyncfp, xargs -P).
-                rsync4 = rsync.model_copy(update={"streams": 4})
+                parallel = rsync.model_copy(update={"streams": rsync_mem.DEFAULT_STREAMS})
                 xrdcp_plain = xrdcp_spec.model_copy(update={"page_checksums": False})
                 via_agent = partial(run_probe, ctx=ctx)
                 over_ssh = partial(run_probe, ctx=ssh_ctx)
@@ -304,7 +304,11 @@ def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
                     ),
                     ("gridftp_mem", "4 streams, 1M", partial(via_agent, gridftp_mem, gridftp)),
                     ("rsync_mem", "aes128-gcm", partial(over_ssh, rsync_mem, rsync)),
-                    ("rsync_mem", "aes128-gcm, 4 streams", partial(over_ssh, rsync_mem, rsync4)),
+                    (
+                        "rsync_mem",
+                        f"aes128-gcm, {parallel.streams} streams",
+                        partial(over_ssh, rsync_mem, parallel),
+                    ),
                     ("rsync_mem", "chacha20-poly1305", partial(over_ssh, rsync_mem, chacha)),
                     ("iperf3", "after", partial(via_agent, iperf3, tuned)),
                 ]
