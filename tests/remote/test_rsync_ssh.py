@@ -23,7 +23,8 @@ import pytest
 
 from iepm.config import SshAccess
 from iepm.probes import rsync, rsync_disk, rsync_mem, xrdcp
-from iepm.probes.base import ProbeContext
+from iepm.probes.base import ProbeContext, result_from_raw
+from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.remote.ssh import check_target
 from iepm.results import Outcome, Result
@@ -155,6 +156,27 @@ def test_streams_are_read_apart_when_the_command_runs_in_a_namespace() -> None:
     assert data["streams"] == data["connections"] == 4
 
 
+def test_a_copy_over_streams_is_read_again_from_its_raw_log(
+    sshd: Sshd, memory_dir: Path, tmp_path: Path
+) -> None:
+    """What ``iepm extract`` does: the one raw record of the set, parsed again with the spec it
+    kept, gives the result's figures."""
+    access = sshd.access(memory_dir=str(memory_dir))
+    access = access.model_copy(update={"step_timeout_s": STEP_S})
+    raw_log = RawLog(tmp_path / "raw")
+    ctx = ProbeContext(
+        target="loop", address="127.0.0.1", servers=server_source(access), raw_log=raw_log
+    )
+    result = asyncio.run(rsync_mem.run(rsync_mem.Spec(size="16M", streams=3), ctx))
+    assert result.succeeded, (result.error, result.diags[-2000:])
+    (logged,) = list(raw_log.runs())
+    again = result_from_raw(
+        rsync_mem, rsync_mem.Spec.model_validate(logged.params), ctx, logged.raw, None
+    )
+    assert again.data == result.data and again.data["streams"] == 3
+    assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
+
+
 # --- failures are data, nothing left behind -----------------------------------------------------
 
 
@@ -282,7 +304,8 @@ MONITOR_SCRIPT = """
 import asyncio, sys
 from iepm.config import SshAccess
 from iepm.probes import rsync_mem
-from iepm.probes.base import ProbeContext
+from iepm.probes.base import ProbeContext, result_from_raw
+from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.remote.ssh import check_target
 access = SshAccess.model_validate_json(sys.argv[1])
