@@ -1,12 +1,15 @@
 """What SSH's cipher costs a copy on these CPUs: rsync memory-to-memory over SSH on loopback
 (no link in the way: only CPU bounds it) against iperf3 on loopback, one TCP connection each,
-measured in the same run, per cipher.
+measured in the same run, per cipher, and per number of parallel connections (``streams``:
+on loopback they add CPUs, not window).
 
-* ``figure``: rsync_mem over SSH with the default cipher (aes128-gcm), throughput_bps;
+* ``figure``: rsync_mem over SSH with the default cipher (aes128-gcm), one stream,
+  throughput_bps;
 * ``baseline``: iperf3, one stream, on loopback;
-* ``ratio`` = figure ÷ baseline; ``ciphers``: each cipher's figure and ratio.
+* ``ratio`` = figure ÷ baseline; ``ciphers``: each cipher's figure and ratio (one stream);
+  ``streams``: the default cipher's figure and ratio with each number of streams.
 
-    .venv/bin/python benchmarks/ssh_copy.py [--size 512M] [--json-out FILE]
+    .venv/bin/python benchmarks/ssh_copy.py [--size 512M] [--streams 1,2,4] [--json-out FILE]
 
 Prints one JSON object. Needs rsync, sshd (openssh-server), iperf3; runs a private sshd on
 127.0.0.1, stopped afterwards.
@@ -36,10 +39,12 @@ from tests.remote.sshd import private_sshd
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="512M", help="bytes per copy (K/M/G)")
+    parser.add_argument("--streams", default="1,2,4", help="numbers of parallel connections")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     t0 = time.monotonic()
     ciphers: dict[str, Any] = {}
+    by_streams: dict[str, Any] = {}
     with (
         tempfile.TemporaryDirectory(prefix="iepm-sshbench-") as tmp,
         tempfile.TemporaryDirectory(prefix="iepm-sshbench-", dir="/dev/shm") as memory,
@@ -54,13 +59,19 @@ def main() -> None:
         if not reference.succeeded:
             raise SystemExit(f"iperf3 failed: {reference.error}")
         baseline = reference.data["throughput_bps"]
-        for cipher in get_args(rsync.Cipher):
-            spec = rsync_mem.Spec(size=args.size, duration_s=300, cipher=cipher)
+
+        def copy(**settings: Any) -> dict[str, Any]:
+            spec = rsync_mem.Spec(size=args.size, duration_s=300, **settings)
             result = asyncio.run(rsync_mem.run(spec, ctx))
             if not result.succeeded:
-                raise SystemExit(f"{cipher}: {result.error}\n{result.diags[-2000:]}")
+                raise SystemExit(f"{settings}: {result.error}\n{result.diags[-2000:]}")
             bps = result.data["throughput_bps"]
-            ciphers[cipher] = {"throughput_bps": bps, "ratio": round(bps / baseline, 3)}
+            return {"throughput_bps": bps, "ratio": round(bps / baseline, 3)}
+
+        for cipher in get_args(rsync.Cipher):
+            ciphers[cipher] = copy(cipher=cipher, streams=1)
+        for streams in (int(n) for n in args.streams.split(",")):
+            by_streams[str(streams)] = copy(streams=streams)
     default = ciphers["aes128-gcm@openssh.com"]["throughput_bps"]
     out = {
         "figure": "rsync_mem over SSH on loopback (aes128-gcm), throughput_bps",
@@ -69,6 +80,7 @@ def main() -> None:
         "baseline_value": baseline,
         "ratio": round(default / baseline, 3),
         "ciphers": ciphers,
+        "streams": by_streams,
         "size": args.size,
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg()[0],

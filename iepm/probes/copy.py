@@ -193,16 +193,28 @@ def sweep_sources() -> None:
 def memory_source(nbytes: int) -> Iterator[str]:
     """A sparse file of ``nbytes`` on a memory file system: reads as zeros at memory speed and
     holds no pages. Removed afterwards."""
+    with memory_sources([nbytes]) as paths:
+        yield paths[0]
+
+
+@contextlib.contextmanager
+def memory_sources(sizes: list[int]) -> Iterator[list[str]]:
+    """One sparse file per size (``source``, or ``source.I`` for several: the parts of a copy
+    run over parallel connections) in one directory on a memory file system. Removed
+    afterwards."""
     sweep_sources()
     directory = tempfile.mkdtemp(prefix=f"{SOURCE_PREFIX}-{os.getpid()}-", dir=MEMORY_DIR)
-    path = Path(directory) / "source"
+    names = ["source"] if len(sizes) == 1 else [f"source.{i}" for i in range(len(sizes))]
+    paths = [Path(directory) / name for name in names]
     try:
-        with path.open("wb") as f:
-            f.truncate(nbytes)
-        yield str(path)
+        for path, nbytes in zip(paths, sizes, strict=True):
+            with path.open("wb") as f:
+                f.truncate(nbytes)
+        yield [str(path) for path in paths]
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         os.rmdir(directory)
 
 

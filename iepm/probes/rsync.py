@@ -3,8 +3,11 @@
 Why rsync rather than scp/sftp: it is what sites move data with over SSH, it reports its own
 rate (the progress line of each file: bytes, rate, elapsed time) and its own totals when its
 output is not a terminal (scp and sftp draw their meters only on a terminal), and it commits a
-copy itself (``--fsync``, rsync ≥ 3.2.4). One TCP connection: SSH has no parallel streams, and
-OpenSSH's cipher (``cipher``) is what bounds a single copy on a fast path.
+copy itself (``--fsync``, rsync ≥ 3.2.4). SSH is one TCP connection per copy: parallel
+streams are several rsyncs at once, one part of the copy and one SSH connection each (as
+fpsync or ``xargs -P rsync``), under one stamp.py (``--all``) so that the set is one raw record.
+One connection falls behind under load: its four processes (rsync, ssh, sshd, rsync) do not get
+the CPUs when they need them and TCP idles (README, "Copies over SSH").
 
 Neither rsync nor ssh stamps its lines with a time, so the command runs under
 :mod:`.stamp` (Debian's python3), which prefixes every line of rsync's stdout and ssh's ``-v``
@@ -35,6 +38,8 @@ import math
 import re
 import secrets
 import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
@@ -60,6 +65,10 @@ VERSION_ARGV = ("rsync", "--version")
 SSH_VERSION_ARGV = ("ssh", "-V")
 STAMP_PYTHON = copy.STAMP_PYTHON
 STAMP_SCRIPT = copy.STAMP_SCRIPT
+# stamp.py's flag for several tools at once; each line then carries its tool's place: "<I> ".
+ALL = "--all"
+TAGGED = re.compile(r"^<(?P<i>\d+)> (?P<text>.*)$")
+MAX_STREAMS = 16
 # The lease's directory lists the process groups of the tools a copy runs on the target.
 PIDS_FILE = ".iepm-pids"
 # Seconds the remote rsync may outlive the probe's deadline before the target kills it.
@@ -94,8 +103,11 @@ COLUMNS = [
     Column("throughput_bps", "bytes over transfer_s, bit/s"),
     Column("committed_throughput_bps", "bytes over transfer_s + commit_s, bit/s"),
     Column("end_to_end_throughput_bps", "bytes over elapsed_s (set-up included), bit/s"),
-    Column("tool_throughput_bps", "rsync's own rate on its 100% line, bit/s"),
+    Column("tool_throughput_bps", "rsync's own rate on its 100% line (streams: their sum), bit/s"),
     Column("summary_throughput_bps", "rsync's summary bytes/sec (whole seconds of its run), bit/s"),
+    Column("streams", "rsync copies run at once, one file and one SSH connection each"),
+    Column("connections", "SSH connections that authenticated"),
+    Column("start_spread_s", "first to last name line: setup_s and transfer_s overlap by it, s"),
 ]
 
 
@@ -111,17 +123,34 @@ class CopySpec(copy.CopySpec):
 PLACEHOLDER = SshLogin("root", 22, "~/.ssh/id_ed25519", "~/.ssh/known_hosts", 5.0)
 
 
+def part_sizes(nbytes: int, streams: int) -> list[int]:
+    """``nbytes`` split into ``streams`` parts, the first ones a byte larger for the remainder."""
+    base, rest = divmod(nbytes, streams)
+    return [base + (i < rest) for i in range(streams)]
+
+
+def part_names(name: str, streams: int) -> list[str]:
+    """The names of a copy's files: ``name`` itself for one stream, ``stem.I.ext`` for more."""
+    if streams == 1:
+        return [name]
+    stem, dot, ext = name.rpartition(".")
+    return [f"{stem}.{i}{dot}{ext}" if dot else f"{name}.{i}" for i in range(streams)]
+
+
 def build_argv(
     spec: CopySpec,
     address: str,
     *,
-    source: str = f"{copy.MEMORY_DIR}/iepm-xrdcp.src",
+    source: str | Sequence[str] = f"{copy.MEMORY_DIR}/iepm-xrdcp.src",
     directory: str = "/tmp/iepm-copy",
     name: str = "iepm-copy.dat",
     login: SshLogin = PLACEHOLDER,
     fsync: bool = False,
 ) -> list[str]:
-    """The stamped rsync command copying ``source`` to ``directory/name`` on the target."""
+    """The stamped command copying ``source`` to ``directory/name`` on the target; several
+    sources: one rsync (one SSH connection) each, all at once under one stamp.py, to
+    ``part_names(name)``."""
+    sources = [source] if isinstance(source, str) else list(source)
     host = f"[{address}]" if ":" in address else address
     ssh = login.ssh_argv("-v", "-c", spec.cipher, connect_timeout_s=spec.connect_timeout_s)
     # Run through the target's login shell: record the process group (timeout leads it), and
@@ -131,15 +160,23 @@ def build_argv(
         f"timeout -s KILL {math.ceil(spec.duration_s) + REMOTE_GRACE_S} "
         f"{shlex.quote(login.rsync_path)}"
     )
-    return [
-        STAMP_PYTHON, "-I", STAMP_SCRIPT,
-        "rsync", "--verbose", "--progress", "--stats", "--whole-file", "--no-compress",
-        # Unbuffered: each progress line is stamped when rsync writes it, not at exit.
-        "--outbuf=N",
-        *(["--fsync"] if fsync else []),
-        "-e", shlex.join(ssh), "--rsync-path", remote,
-        source, f"{login.user}@{host}:{directory}/{name}",
+    commands = [
+        [
+            "rsync", "--verbose", "--progress", "--stats", "--whole-file", "--no-compress",
+            # Unbuffered: each progress line is stamped when rsync writes it, not at exit.
+            "--outbuf=N",
+            *(["--fsync"] if fsync else []),
+            "-e", shlex.join(ssh), "--rsync-path", remote,
+            source, f"{login.user}@{host}:{directory}/{part}",
+        ]
+        for source, part in zip(sources, part_names(name, len(sources)), strict=True)
     ]  # fmt: skip
+    if len(commands) == 1:
+        return [STAMP_PYTHON, "-I", STAMP_SCRIPT, *commands[0]]
+    joined = [
+        arg for i, command in enumerate(commands) for arg in (*(["--and"] if i else []), *command)
+    ]
+    return [STAMP_PYTHON, "-I", STAMP_SCRIPT, ALL, *joined]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,20 +246,40 @@ def explain(lines: list[str], argv: tuple[str, ...]) -> str | None:
     return None if failure is None else f"rsync to {host} failed: {failure.strip()}"
 
 
-def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
-    """Timers and rates from the stamped output of rsync and ssh -v; ToolFailed for their own
-    errors, ParseError for output that is not a stamped rsync run."""
+Events = list[tuple[float, str]]
+
+
+def by_stream(raw: RawRun) -> dict[int, tuple[Events, Events]]:
+    """Each rsync's stamped (stdout, stderr) lines: one stream, or several run at once by
+    ``stamp.py --all`` whose lines carry their place (``<I> ``, removed here)."""
     out, err = stamped(raw.stdout), stamped(raw.stderr)
-    events = sorted(out + err)
-    if not events:
-        complaint = next((ln.strip() for ln in reversed(raw.stderr.splitlines()) if ln), None)
-        if complaint and not raw.timed_out:
-            raise ToolFailed(f"rsync to {where(raw.argv)} did not start; it said: {complaint}")
-        raise ParseError(
-            f"rsync to {where(raw.argv)} printed nothing stamped (exit {raw.returncode}): it was "
-            "killed or crashed before starting"
-        )
-    first, last = events[0][0], events[-1][0]
+    # stamp.py's own flag, wherever the command starts (ip netns exec ... in a namespace).
+    at = next((i for i, arg in enumerate(raw.argv) if arg.endswith("stamp.py")), None)
+    if at is None or raw.argv[at + 1 : at + 2] != (ALL,):
+        return {0: (out, err)}
+    streams: dict[int, tuple[Events, Events]] = {}
+    for lines, side in ((out, 0), (err, 1)):
+        for at, text in lines:
+            m = TAGGED.match(text)
+            if m is not None:
+                streams.setdefault(int(m["i"]), ([], []))[side].append((at, m["text"]))
+    return dict(sorted(streams.items()))
+
+
+@dataclass
+class Stream:
+    """What one rsync's lines say: when each phase ended, its own figures (None: not reached)."""
+
+    connected: float | None
+    cipher: str | None
+    started: float | None
+    done: tuple[float, re.Match[str]] | None
+    summary: tuple[float, re.Match[str]] | None
+    committed: float | None
+    ssh_total: re.Match[str] | None
+
+
+def read_stream(out: Events, err: Events) -> Stream:
     connected = next((at for at, text in err if text.startswith("Authenticated to ")), None)
     cipher = next((m[1] for _, text in err if (m := CIPHER.search(text))), None)
     progress = [(i, at, m) for i, (at, text) in enumerate(out) if (m := PROGRESS.match(text))]
@@ -238,28 +295,66 @@ def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
     exited = next((at for at, text in err if "rtype exit-status" in text), None)
     committed = exited if exited is not None else summary[0] if summary else None
     ssh_total = next((m for _, text in err if (m := SSH_TOTAL.match(text))), None)
+    return Stream(connected, cipher, started, done, summary, committed, ssh_total)
+
+
+def _last(values: list[float | None]) -> float | None:
+    """When the last stream reached a phase; None while any has not."""
+    return None if not values or None in values else max(v for v in values if v is not None)
+
+
+def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
+    """Timers and rates from the stamped output of rsync and ssh -v, one rsync per stream:
+    set-up until the last stream's name line, transfer from the first name line to the last
+    100% line, commit to the last target rsync's exit. ToolFailed for their own errors,
+    ParseError for output that is not a stamped rsync run."""
+    streams = by_stream(raw)
+    events = sorted(line for out, err in streams.values() for line in (*out, *err))
+    if not events:
+        complaint = next((ln.strip() for ln in reversed(raw.stderr.splitlines()) if ln), None)
+        if complaint and not raw.timed_out:
+            raise ToolFailed(f"rsync to {where(raw.argv)} did not start; it said: {complaint}")
+        raise ParseError(
+            f"rsync to {where(raw.argv)} printed nothing stamped (exit {raw.returncode}): it was "
+            "killed or crashed before starting"
+        )
+    first, last = events[0][0], events[-1][0]
+    read = [read_stream(out, err) for out, err in streams.values()]
+    done_all = all(r.done is not None for r in read)
     complete = (
-        raw.returncode == 0 and not raw.timed_out and done is not None and summary is not None
+        raw.returncode == 0
+        and not raw.timed_out
+        and done_all
+        and all(r.summary is not None for r in read)
     )
     if raw.returncode not in (0, None) and not raw.timed_out:
         why = explain([text for _, text in events], raw.argv)
         if why is not None:
             raise ToolFailed(why)
-    nbytes = _number(done[1]["bytes"]) if done is not None and complete else None
-    transfer_s = _span(started, done[0] if done else None)
-    commit_s = _span(done[0] if done else None, committed)
+    nbytes = sum(_number(r.done[1]["bytes"]) for r in read if r.done) if complete else None
+    started = [r.started for r in read]
+    first_started = min((at for at in started if at is not None), default=None)
+    last_started = _last(started)
+    last_done = _last([r.done[0] if r.done else None for r in read])
+    transfer_s = _span(first_started, last_done)
+    commit_s = _span(last_done, _last([r.committed for r in read]))
     elapsed_s = _span(first, last)
     tool_bps = tool_s = None
-    if done is not None:
-        m = done[1]
-        tool_bps = round(float(m["rate"]) * UNIT[m["unit"]] * 8, 1)
-        tool_s = int(m["h"]) * 3600 + int(m["m"]) * 60 + int(m["s"])
+    if done_all:
+        rates = [float(r.done[1]["rate"]) * UNIT[r.done[1]["unit"]] * 8 for r in read if r.done]
+        tool_bps = round(sum(rates), 1)
+        tool_s = max(
+            int(m["h"]) * 3600 + int(m["m"]) * 60 + int(m["s"])
+            for m in (r.done[1] for r in read if r.done)
+        )
+    summaries = [float(r.summary[1]["rate"].replace(",", "")) * 8 for r in read if r.summary]
+    ssh_totals = [float(r.ssh_total[3]) for r in read if r.ssh_total]
     data: dict[str, Any] = {
         "complete": complete,
         "bytes": nbytes,
-        "cipher": cipher,
-        "setup_s": _span(first, started),
-        "connect_s": _span(first, connected),
+        "cipher": next((r.cipher for r in read if r.cipher), None),
+        "setup_s": _span(first, last_started),
+        "connect_s": _span(first, _last([r.connected for r in read])),
         "transfer_s": transfer_s,
         "commit_s": commit_s,
         "elapsed_s": elapsed_s,
@@ -269,18 +364,21 @@ def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
         "tool_throughput_bps": tool_bps,
         "tool_transfer_s": tool_s,
         "summary_throughput_bps": (
-            round(float(summary[1]["rate"].replace(",", "")) * 8, 1) if summary else None
+            round(sum(summaries), 1) if summaries and len(summaries) == len(read) else None
         ),
-        "ssh_elapsed_s": float(ssh_total[3]) if ssh_total else None,
+        "ssh_elapsed_s": max(ssh_totals) if len(ssh_totals) == len(read) else None,
+        "streams": len(read),
+        "connections": sum(r.connected is not None for r in read),
+        "start_spread_s": _span(first_started, last_started),
     }
     if not complete:
         phase = (
             "connecting to the target"
-            if connected is None
+            if any(r.connected is None for r in read)
             else "starting rsync on the target"
-            if started is None
+            if last_started is None
             else "copying"
-            if done is None
+            if not done_all
             else "committing the copy"
         )
         data["tool_error"] = f"rsync to {where(raw.argv)} did not finish: it was {phase}"
@@ -324,12 +422,13 @@ async def run_copy(
     spec: CopySpec,
     ctx: ProbeContext,
     storage: copy.Storage,
-    source: contextlib.AbstractContextManager[str],
+    sources: contextlib.AbstractContextManager[list[str]],
     *,
     fsync: bool = False,
 ) -> Result:
-    """Lease a directory on the SSH target, copy ``source`` into it, log the run raw, parse it;
-    failures as data, and the lease removes the directory and the target's rsync."""
+    """Lease a directory on the SSH target, copy ``sources`` into it (one rsync each, at once),
+    log the run raw, parse it; failures as data, and the lease removes the directory and the
+    target's rsyncs."""
     if ctx.servers is None:
         return failed_result(
             module,
@@ -349,11 +448,11 @@ async def run_copy(
         if lease.login is None or lease.directory is None:
             raise RemoteError(f"{ctx.target}: the lease gave no SSH login or directory")
         name = f"iepm-{secrets.token_hex(8)}.dat"
-        with source as source_path:
+        with sources as paths:
             argv = build_argv(
                 spec,
                 lease.address,
-                source=source_path,
+                source=paths,
                 directory=lease.directory,
                 name=name,
                 login=lease.login,

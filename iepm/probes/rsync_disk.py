@@ -6,7 +6,9 @@ Tool details in iepm/probes/rsync.py."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import Field
@@ -74,6 +76,14 @@ def summary(data: dict[str, Any]) -> str:
 
 async def run(spec: Spec, ctx: ProbeContext) -> Result:
     module = sys.modules[__name__]
-    source = disk_source(spec.size_bytes, spec.source_dir)
     fsync = spec.commit == "at_end"
-    return await rsync.run_copy(module, spec, ctx, "disk", source, fsync=fsync)
+    sources = one_disk_source(spec.size_bytes, spec.source_dir)
+    return await rsync.run_copy(module, spec, ctx, "disk", sources, fsync=fsync)
+
+
+@contextlib.contextmanager
+def one_disk_source(nbytes: int, directory: str) -> Iterator[list[str]]:
+    """The disk source as the one part of the copy: one rsync, one connection (N parts would
+    need N different files on the disk, or N readers would share one file's page cache)."""
+    with disk_source(nbytes, directory) as path:
+        yield [path]

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,11 +22,13 @@ import psutil
 import pytest
 
 from iepm.config import SshAccess
-from iepm.probes import rsync_disk, rsync_mem, xrdcp
-from iepm.probes.base import ProbeContext
+from iepm.probes import rsync, rsync_disk, rsync_mem, xrdcp
+from iepm.probes.base import ProbeContext, result_from_raw
+from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.remote.ssh import check_target
 from iepm.results import Outcome, Result
+from iepm.runner import RawRun
 from tests.helpers import free_port
 from tests.remote.conftest import wait_until
 from tests.remote.sshd import Sshd, private_sshd
@@ -82,20 +86,40 @@ def run_mem(access: SshAccess, **spec: object) -> Result:
     return asyncio.run(rsync_mem.run(rsync_mem.Spec.model_validate(spec), context(access)))
 
 
-def test_a_memory_copy_measures_its_phases_and_leaves_nothing(sshd: Sshd, memory_dir: Path) -> None:
-    result = run_mem(sshd.access(memory_dir=str(memory_dir)), size="32M", duration_s=30)
+def accepted(sshd: Sshd) -> int:
+    """SSH connections the target's sshd has accepted so far (its log: one line each)."""
+    return sshd.log().count("Accepted publickey for ")
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_a_memory_copy_measures_its_phases_and_leaves_nothing(
+    sshd: Sshd, memory_dir: Path, streams: int
+) -> None:
+    before = accepted(sshd)
+    access = sshd.access(memory_dir=str(memory_dir))
+    result = run_mem(access, size="32M", duration_s=30, streams=streams)
     assert result.succeeded, (result.error, result.diags[-2000:])
     data = result.data
+    # Every byte arrived, in as many files over as many SSH connections as asked.
     assert data["bytes"] == 32 * 1024**2
+    assert data["streams"] == data["connections"] == streams
+    assert accepted(sshd) - before >= streams + 1  # the copies' and the lease's own
+    assert result.diags.count(" --outbuf=N ") == streams
     assert data["cipher"] == "aes128-gcm@openssh.com"
     assert 0 < data["connect_s"] < data["setup_s"] < data["elapsed_s"]
-    # The phases partition the run: set-up, transfer and commit end within rsync's run.
-    phases = data["setup_s"] + data["transfer_s"] + data["commit_s"]
+    # The phases end within rsync's run: set-up (until the last stream is sending), transfer
+    # (the first stream's name line to the last 100%) and commit; with several streams the
+    # first two overlap by the spread of their starts.
+    phases = data["setup_s"] + data["transfer_s"] + data["commit_s"] - data["start_spread_s"]
     assert phases <= data["elapsed_s"] + 1e-6
     assert data["end_to_end_throughput_bps"] < data["throughput_bps"]
     # rsync's own rate covers the same transfer: within a few percent of ours (its rate is
-    # printed with 3-4 significant digits, our stamps are read a pipe away).
-    assert data["tool_throughput_bps"] == pytest.approx(data["throughput_bps"], rel=0.1)
+    # printed with 3-4 significant digits, our stamps are read a pipe away). Several streams:
+    # the sum of their own rates, each over its own part of the time, at least ours.
+    if streams == 1:
+        assert data["tool_throughput_bps"] == pytest.approx(data["throughput_bps"], rel=0.1)
+    else:
+        assert data["tool_throughput_bps"] >= 0.9 * data["throughput_bps"]
     assert f"{memory_dir}/iepm-" in result.diags and result.tool_version.startswith("rsync")
     assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
 
@@ -116,6 +140,41 @@ def test_a_disk_copy_commits_when_asked(sshd: Sshd, work_dir: Path, commit: str)
     # The seeded source stays for the next run; the copy on the target does not.
     assert [p.name for p in source_dir.iterdir()] == [f"iepm-xrdcp-{8 * 1024**2}.src"]
     assert wait_until(lambda: nothing_left(sshd, target_dir), 5.0)
+
+
+def test_streams_are_read_apart_when_the_command_runs_in_a_namespace() -> None:
+    """The recorded 4-stream copy, as run in a lab namespace (ip netns exec before stamp.py):
+    the same reading, each stream's lines apart."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "rsync"
+    case = "rsync-3.5.0_openssh-9.2p1--mem-4streams"
+    oracle = json.loads((fixtures / f"{case}.json").read_text())
+    argv = ("ip", "netns", "exec", "lab-mon", *shlex.split(oracle["command"]))
+    out, err = ((fixtures / f"{case}.{end}").read_text() for end in ("out", "err"))
+    raw = RawRun(argv, out, err)
+    data = rsync.parse(raw, rsync_mem.Spec(size=oracle["size"], streams=4))
+    assert data == oracle["data"]
+    assert data["streams"] == data["connections"] == 4
+
+
+def test_a_copy_over_streams_is_read_again_from_its_raw_log(
+    sshd: Sshd, memory_dir: Path, tmp_path: Path
+) -> None:
+    """What ``iepm extract`` does: the one raw record of the set, parsed again with the spec it
+    kept, gives the result's figures."""
+    access = sshd.access(memory_dir=str(memory_dir))
+    access = access.model_copy(update={"step_timeout_s": STEP_S})
+    raw_log = RawLog(tmp_path / "raw")
+    ctx = ProbeContext(
+        target="loop", address="127.0.0.1", servers=server_source(access), raw_log=raw_log
+    )
+    result = asyncio.run(rsync_mem.run(rsync_mem.Spec(size="16M", streams=3), ctx))
+    assert result.succeeded, (result.error, result.diags[-2000:])
+    (logged,) = list(raw_log.runs())
+    again = result_from_raw(
+        rsync_mem, rsync_mem.Spec.model_validate(logged.params), ctx, logged.raw, None
+    )
+    assert again.data == result.data and again.data["streams"] == 3
+    assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
 
 
 # --- failures are data, nothing left behind -----------------------------------------------------
@@ -150,8 +209,9 @@ def test_a_monitor_without_rsync_is_told_which_package_to_install(
     assert nothing_left(sshd, memory_dir)
 
 
+@pytest.mark.parametrize("streams", [1, 4])
 def test_a_refused_key_is_permission_denied_at_once(
-    sshd: Sshd, memory_dir: Path, tmp_path: Path
+    sshd: Sshd, memory_dir: Path, tmp_path: Path, streams: int
 ) -> None:
     stranger = tmp_path / "stranger"
     subprocess.run(
@@ -160,7 +220,7 @@ def test_a_refused_key_is_permission_denied_at_once(
         timeout=30,
     )
     access = sshd.access(memory_dir=str(memory_dir), key_file=str(stranger))
-    result = run_mem(access, size="4M")
+    result = run_mem(access, size="4M", streams=streams)
     assert result.outcome == Outcome.FAILED
     assert "refused this monitor's key" in (result.error or ""), result.error
     assert nothing_left(sshd, memory_dir)
@@ -187,32 +247,54 @@ def test_a_full_disk_on_the_target_fails_the_copy_and_removes_it(
         subprocess.run(["umount", str(target)], check=True, timeout=10)
 
 
-def test_a_hung_copy_is_killed_at_its_limit_and_cleaned_on_the_target(
-    sshd: Sshd, memory_dir: Path
+def test_a_full_memory_file_system_fails_every_stream_and_removes_them(
+    sshd: Sshd, work_dir: Path
 ) -> None:
-    """The target's rsync stops (SIGSTOP, as a process stuck on a dead disk): the monitor's
-    rsync is killed at the duration limit, the lease kills the stopped one on the target."""
-    stopped: list[int] = []
+    """Four rsyncs at once into a target's memory file system too small for their parts."""
+    target = work_dir / "small"
+    target.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(target)], check=True, timeout=10
+    )
+    try:
+        result = run_mem(sshd.access(memory_dir=str(target)), size="8M", duration_s=20, streams=4)
+        assert result.outcome == Outcome.FAILED
+        assert "no room for the copy on root@127.0.0.1: its file system is full" in (
+            result.error or ""
+        ), result.error
+        assert wait_until(lambda: nothing_left(sshd, target), 5.0)
+    finally:
+        subprocess.run(["umount", str(target)], check=True, timeout=10)
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_a_hung_copy_is_killed_at_its_limit_and_cleaned_on_the_target(
+    sshd: Sshd, memory_dir: Path, streams: int
+) -> None:
+    """The target's rsyncs stop (SIGSTOP, as processes stuck on a dead disk): the monitor's
+    rsyncs are killed at the duration limit, the lease kills the stopped ones on the target."""
+    stopped: set[int] = set()
 
     async def copy_and_stop() -> Result:
         task = asyncio.create_task(
             rsync_mem.run(
-                rsync_mem.Spec(size="1G", duration_s=10),
+                rsync_mem.Spec(size="1G", duration_s=10, streams=streams),
                 context(sshd.access(memory_dir=str(memory_dir))),
             )
         )
         loop = asyncio.get_running_loop()
         give_up = loop.time() + 20
-        while not stopped and loop.time() < give_up and not task.done():
+        # Each stream's target rsync (its receiver forks a second one) is stopped as it comes.
+        while len(stopped) < streams and loop.time() < give_up and not task.done():
             for proc in copiers(sshd):
-                if proc.name() == "rsync":
+                if proc.name() == "rsync" and proc.pid not in stopped:
                     proc.send_signal(signal.SIGSTOP)
-                    stopped.append(proc.pid)
+                    stopped.add(proc.pid)
             await asyncio.sleep(0.05)
         return await task
 
     result = asyncio.run(copy_and_stop())
-    assert stopped, f"the target's rsync never started: {result.error}"
+    assert len(stopped) >= streams, f"the target's rsyncs never started: {result.error}"
     assert result.outcome == Outcome.TIMEOUT, (result.error, result.diags[-1500:])
     assert "did not finish within its 10 s deadline" in (result.error or "")
     assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
@@ -222,24 +304,27 @@ MONITOR_SCRIPT = """
 import asyncio, sys
 from iepm.config import SshAccess
 from iepm.probes import rsync_mem
-from iepm.probes.base import ProbeContext
+from iepm.probes.base import ProbeContext, result_from_raw
+from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.remote.ssh import check_target
 access = SshAccess.model_validate_json(sys.argv[1])
 ctx = ProbeContext(target="loop", address="127.0.0.1", servers=server_source(access))
-result = asyncio.run(rsync_mem.run(rsync_mem.Spec(size="4G", duration_s=60), ctx))
+spec = rsync_mem.Spec(size="4G", duration_s=60, streams=int(sys.argv[2]))
+result = asyncio.run(rsync_mem.run(spec, ctx))
 print(result.outcome, result.error, flush=True)
 """
 
 
+@pytest.mark.parametrize("streams", [1, 4])
 def test_a_monitor_killed_mid_copy_leaves_nothing_on_either_side(
-    sshd: Sshd, memory_dir: Path
+    sshd: Sshd, memory_dir: Path, streams: int
 ) -> None:
     access = sshd.access(memory_dir=str(memory_dir), step_timeout_s=STEP_S)
     sources_before = {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     monitor = subprocess.Popen(
-        [sys.executable, "-c", MONITOR_SCRIPT, access.model_dump_json()],
+        [sys.executable, "-c", MONITOR_SCRIPT, access.model_dump_json(), str(streams)],
         start_new_session=True,
         env=env,
         stdout=subprocess.PIPE,
@@ -257,6 +342,7 @@ def test_a_monitor_killed_mid_copy_leaves_nothing_on_either_side(
             said = monitor.communicate(timeout=10)[0].decode(errors="replace")
             pytest.fail(f"the copy never got under way: {said[-2000:]}")
         tools = psutil.Process(monitor.pid).children(recursive=True)
+        assert sum(p.name() == "ssh" for p in tools) >= streams
         assert {"rsync", "ssh"} <= {p.name() for p in tools}
         monitor.kill()
         monitor.wait(timeout=10)
