@@ -107,13 +107,15 @@ MEMBER_SETS: dict[str, tuple[str, ...]] = {
     "level+baselines": (*LEVEL_MEMBERS, "ma5", "ewma"),
     "level+baselines+mean10": (*LEVEL_MEMBERS, "ma5", "ewma", "mean10"),
 }
-# blend: the weight of MA(5) in the forecast; guard: the window of the fall-back to MA(5) (0 off).
+# blend: the weight of MA(5) in the forecast; guard: the window of the fall-back to MA(5) (0 off);
+# rescale: the window of the relative-error correction (0 off).
 CANDIDATES: dict[str, EnsembleConfig] = {
-    f"{name} cap={cap} decay={decay} blend={blend} guard={guard}": EnsembleConfig(
-        members, cap=cap, decay=decay, blend=blend, guard=guard
+    f"{name} cap={cap} decay={decay} blend={blend} guard={guard}"
+    + (f" rescale={rescale}" if rescale else ""): EnsembleConfig(
+        members, cap=cap, decay=decay, blend=blend, guard=guard, rescale=rescale
     )
-    for (name, members), cap, decay, blend, guard in itertools.product(
-        MEMBER_SETS.items(), (0.5, 1.0, 3.0), (0.97, 0.99), (0.0, 0.25, 0.5), (0, 100)
+    for (name, members), cap, decay, blend, guard, rescale in itertools.product(
+        MEMBER_SETS.items(), (0.5, 1.0, 3.0), (0.97, 0.99), (0.0, 0.25, 0.5), (0, 100), (0, 100)
     )
 }
 
