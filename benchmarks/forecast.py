@@ -15,14 +15,17 @@ both sides of each point (it sees the future); it shows the noise floor of this 
 ``<client>_<server>_<d|u>_throughput.txt``; four clients, so four folds). The tune/test halves
 share clients and so flatter the ensemble; here each fold holds one whole client out. The
 candidates (:data:`CANDIDATES`: member sets × selector error cap × decay × blend toward MA(5) ×
-guard) are walked on every file (in one walk per file, over the same predictors); each fold
-chooses the whole configuration on its training clients only (nested; :func:`criterion`: the worst
-ratio to MA(5) over the training clients' pooled summaries and each training path group's
-trimmed mean and P90, lowest wins) and reports the held-out client's figures for MA(5), EWMA and
-that choice, all in the same run. ``pooled`` puts the four held-out clients' points together.
+guard × relative-error correction) are walked on every file (in one walk per file, over the same
+predictors); each fold chooses the whole configuration on its training clients only (nested;
+:func:`criterion`: the worst ratio to MA(5) over the training clients' pooled summaries and each
+training path group's trimmed mean and P90, lowest wins) and reports the held-out client's
+figures for MA(5), EWMA and that choice, all in the same run. ``pooled`` puts the four held-out
+clients' points together.
 ``hindsight_not_a_result`` is, for scale only, what the held-out client itself would have chosen.
 ``shipped`` is the same rule's choice on all clients, which must be the default
 (``ENSEMBLE_CONFIG``), and its figures per client — those are NOT held out.
+``rescale_effect_not_held_out``: the default with and without the relative-error correction
+(rescale = 100), ratios to MA(5) per client and on all (not held out either).
 
 Usage: .venv/bin/python benchmarks/forecast.py [--folds halves|clients]  → one JSON object.
 """
@@ -37,6 +40,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -309,6 +313,19 @@ def folds_by_client() -> dict[str, object]:
             c: table(walks, [n for n in every if client_of(n) == c], shipped) for c in clients
         },
         "all": table(walks, every, shipped),
+    }
+    # What the relative-error correction alone does to the default (every client: not held out).
+    default = next(k for k, c in CANDIDATES.items() if c == ENSEMBLE_CONFIG)
+    scaled = next(k for k, c in CANDIDATES.items() if c == replace(ENSEMBLE_CONFIG, rescale=100))
+    result["rescale_effect_not_held_out"] = {
+        name: {
+            group: ratios_to_ma5(pooled(walks, part, key), pooled(walks, part, "ma5"))
+            for group, part in (
+                *((c, [n for n in every if client_of(n) == c]) for c in clients),
+                ("all", every),
+            )
+        }
+        for name, key in (("default", default), ("default_rescale_100", scaled))
     }
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
