@@ -269,12 +269,12 @@ class _PerTrace:
                 self.delays.setdefault((b, p), {})[name] = d
 
     def best(self, files: list[str]) -> tuple[float, float]:
-        allowed = [
-            s
-            for s in self.f1
-            if self.kind == "offline"
-            or np.median([d for f in files for d in self.delays[s][f]] or [np.inf]) <= 3
-        ]
+        def delay(s: tuple[float, float]) -> float:
+            return float(np.median([d for f in files for d in self.delays[s][f]] or [np.inf]))
+
+        allowed = [s for s in self.f1 if self.kind == "offline" or delay(s) <= 3]
+        # No setting meets the delay goal on these files: the quickest ones compete.
+        allowed = allowed or [s for s in self.f1 if delay(s) == min(map(delay, self.f1))]
         return max(allowed, key=lambda s: float(np.mean([self.f1[s][f] for f in files])))
 
     def apply(self, rule: Rule, name: str) -> tuple[float, float]:
