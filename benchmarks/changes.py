@@ -28,7 +28,17 @@ each half, the best single setting of (bandwidth, penalty) over a grid, and the 
 file's own best setting (an oracle no method can use). When even these stay below a goal, no
 choice of parameters reaches it: the labels, not the tuning, are the limit.
 
-Usage: .venv/bin/python benchmarks/changes.py [--ceiling]  → one JSON object.
+``--per-trace`` asks whether the setting can be chosen per trace from features of the trace
+itself (its length, relative noise, heavy-tailedness, share of spikes, ...), the rule learned on
+the tune half only: a rule is one setting for all, or a threshold on one feature with a setting
+on each side (at least 3 files each side). Its complexity (which feature, or none) is chosen by
+leave-one-file-out cross-validation within the tune half, and that whole choice is itself
+cross-validated (nested) to give the tune half's honest figure; the rule fitted on the whole
+tune half is then scored once on the test half. Per feature, the same figures for a rule on that
+feature alone. Online, only settings with a median delay ≤ 3 samples on the training files
+compete.
+
+Usage: .venv/bin/python benchmarks/changes.py [--ceiling] [--per-trace]  → one JSON object.
 """
 
 from __future__ import annotations
@@ -50,7 +60,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from iepm.analysis.changes import OnlineDetector, detect_online, segment  # noqa: E402
+from iepm.analysis.changes import (  # noqa: E402
+    OnlineDetector,
+    detect_online,
+    noise_scale,
+    segment,
+)
 from iepm.analysis.series import read_series  # noqa: E402
 
 
@@ -71,6 +86,10 @@ OFFLINE_GRID = {
     "penalty": (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0),
 }
 ONLINE_GRID = {"bandwidth": (8.0, 12.0, 16.0), "penalty": (4.0, 5.0, 6.0)}
+# --per-trace: the settings a per-trace rule may choose among (smaller: walked on every file).
+PER_TRACE_OFFLINE = [(b, p) for b in (8.0, 12.0, 16.0) for p in (3.0, 4.0, 6.0, 8.0, 12.0)]
+PER_TRACE_ONLINE = [(12.0, 4.0), (12.0, 5.0), (12.0, 6.0), (8.0, 5.0), (16.0, 5.0)]
+MIN_SIDE = 3  # files on each side of a per-trace rule's threshold
 
 
 def splits(names: Sequence[str]) -> dict[str, str]:
@@ -154,20 +173,32 @@ def _setting_f1(
     return kind, name, bandwidth, penalty, prf(list(at), labels)[2], delays
 
 
+Row = tuple[str, str, float, float, float, list[int]]
+
+
+def _grid_rows(
+    names: Sequence[str], settings: dict[str, Sequence[tuple[float, float]]]
+) -> list[Row]:
+    """:func:`_setting_f1` for every file and every (bandwidth, penalty) of each kind."""
+    jobs = [
+        (kind, name, b, p) for kind, grid in settings.items() for b, p in grid for name in names
+    ]
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        return list(pool.map(_setting_f1, jobs, chunksize=2))
+
+
 def ceiling(split: dict[str, str]) -> dict[str, object]:
     """Best parameters with hindsight, per half: one setting for all files, and each file's own.
 
     Online, only settings whose median delay meets the goal (≤ 3 samples) compete.
     """
-    jobs = [
-        (kind, name, b, p)
-        for kind, grid in (("offline", OFFLINE_GRID), ("online", ONLINE_GRID))
-        for b in grid["bandwidth"]
-        for p in grid["penalty"]
-        for name in split
-    ]
-    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
-        rows = list(pool.map(_setting_f1, jobs, chunksize=2))
+    rows = _grid_rows(
+        list(split),
+        {
+            kind: [(b, p) for b in grid["bandwidth"] for p in grid["penalty"]]
+            for kind, grid in (("offline", OFFLINE_GRID), ("online", ONLINE_GRID))
+        },
+    )
     out: dict[str, object] = {"offline_grid": OFFLINE_GRID, "online_grid": ONLINE_GRID}
     for kind in ("offline", "online"):
         per: dict[str, object] = {}
@@ -199,9 +230,153 @@ def ceiling(split: dict[str, str]) -> dict[str, object]:
     return out
 
 
+def trace_features(y: np.ndarray) -> dict[str, float]:
+    """What a per-trace rule may look at: the trace alone (cleaned: NaN where missing)."""
+    x = y[np.isfinite(y)]
+    sigma = max(noise_scale(x), 1e-12)
+    d = np.diff(x)
+    # First differences in noise units: a share beyond 5 or 10 is how heavy the tails are.
+    z = np.abs(d - np.median(d)) / (sigma * np.sqrt(2.0))
+    # Spikes: samples more than 5 noise scales from the median of their 11 neighbours.
+    near = np.median(np.lib.stride_tricks.sliding_window_view(np.pad(x, 5, mode="edge"), 11), 1)
+    q75, q25 = np.percentile(x, [75, 25])
+    return {
+        "length": float(y.size),
+        "relative_noise": sigma / float(np.median(x)),
+        "tail_share_5": float(np.mean(z > 5)),
+        "tail_share_10": float(np.mean(z > 10)),
+        "spike_share": float(np.mean(np.abs(x - near) > 5 * sigma)),
+        "iqr_in_noise_scales": float((q75 - q25) / sigma),
+        "missing_share": float(np.mean(~np.isfinite(y))),
+    }
+
+
+# A per-trace rule: ("all", setting) or ("split", feature, threshold, setting ≤, setting >).
+Rule = tuple[object, ...]
+
+
+class _PerTrace:
+    """Per-trace rules of one detector kind, fitted and cross-validated on lists of files."""
+
+    def __init__(self, kind: str, rows: list[Row], features: dict[str, dict[str, float]]) -> None:
+        self.kind = kind
+        self.features = features
+        self.f1: dict[tuple[float, float], dict[str, float]] = {}
+        self.delays: dict[tuple[float, float], dict[str, list[int]]] = {}
+        for k, name, b, p, f, d in rows:
+            if k == kind:
+                self.f1.setdefault((b, p), {})[name] = f
+                self.delays.setdefault((b, p), {})[name] = d
+
+    def best(self, files: list[str]) -> tuple[float, float]:
+        def delay(s: tuple[float, float]) -> float:
+            return float(np.median([d for f in files for d in self.delays[s][f]] or [np.inf]))
+
+        allowed = [s for s in self.f1 if self.kind == "offline" or delay(s) <= 3]
+        # No setting meets the delay goal on these files: the quickest ones compete.
+        allowed = allowed or [s for s in self.f1 if delay(s) == min(map(delay, self.f1))]
+        return max(allowed, key=lambda s: float(np.mean([self.f1[s][f] for f in files])))
+
+    def apply(self, rule: Rule, name: str) -> tuple[float, float]:
+        if rule[0] == "all":
+            return rule[1]  # type: ignore[return-value]
+        _, feature, threshold, low, high = rule
+        return low if self.features[name][feature] <= threshold else high  # type: ignore[return-value,operator]
+
+    def score(self, rule: Rule, files: list[str]) -> float:
+        return float(np.mean([self.f1[self.apply(rule, f)][f] for f in files]))
+
+    def fit(self, files: list[str], feature: str | None) -> Rule:
+        """The best rule on ``files``: one setting (``feature`` None) or a split on ``feature``
+        (kept only when it beats the one setting there)."""
+        rule: Rule = ("all", self.best(files))
+        top = self.score(rule, files)
+        if feature is None:
+            return rule
+        values = sorted(self.features[f][feature] for f in files)
+        for lo, hi in zip(
+            values[MIN_SIDE - 1 : -MIN_SIDE],
+            values[MIN_SIDE : len(values) - MIN_SIDE + 1],
+            strict=True,
+        ):
+            t = (lo + hi) / 2
+            low = [f for f in files if self.features[f][feature] <= t]
+            high = [f for f in files if self.features[f][feature] > t]
+            if min(len(low), len(high)) < MIN_SIDE:  # tied values
+                continue
+            candidate: Rule = ("split", feature, t, self.best(low), self.best(high))
+            if (sc := self.score(candidate, files)) > top + 1e-12:
+                rule, top = candidate, sc
+        return rule
+
+    def cv(self, files: list[str], feature: str | None) -> float:
+        """Leave-one-file-out F1 of :meth:`fit` with ``feature``."""
+        return float(
+            np.mean(
+                [
+                    self.f1[self.apply(self.fit([f for f in files if f != h], feature), h)][h]
+                    for h in files
+                ]
+            )
+        )
+
+    def choose(self, files: list[str]) -> tuple[str | None, Rule]:
+        """Complexity by leave-one-file-out CV on ``files`` (ties: one setting), then refit."""
+        options = [None, *sorted(next(iter(self.features.values())))]
+        feature = max(options, key=lambda o: self.cv(files, o) + (1e-9 if o is None else 0.0))
+        return feature, self.fit(files, feature)
+
+
+def _rule_json(rule: Rule) -> dict[str, object]:
+    if rule[0] == "all":
+        return {"setting": rule[1]}
+    return {"feature": rule[1], "threshold": rule[2], "at_or_below": rule[3], "above": rule[4]}
+
+
+def per_trace(split: dict[str, str]) -> dict[str, object]:
+    """Per-trace choice of the setting from the trace's own features (see the module doc)."""
+    names = sorted(split)
+    features = {n: trace_features(load(DATA / n)[0]) for n in names}
+    rows = _grid_rows(names, {"offline": PER_TRACE_OFFLINE, "online": PER_TRACE_ONLINE})
+    tune = [n for n in names if split[n] == "tune"]
+    test = [n for n in names if split[n] == "test"]
+    out: dict[str, object] = {"features": features}
+    for kind in ("offline", "online"):
+        pt = _PerTrace(kind, rows, features)
+        nested = [pt.f1[pt.apply(pt.choose([f for f in tune if f != h])[1], h)][h] for h in tune]
+        feature, rule = pt.choose(tune)
+        chosen = [pt.apply(rule, f) for f in test]
+        per_feature = {}
+        for name in [None, *sorted(next(iter(features.values())))]:
+            r = pt.fit(tune, name)
+            per_feature[name or "none (one setting)"] = {
+                "tune_cv_f1": pt.cv(tune, name),
+                "tune_fit_f1": pt.score(r, tune),
+                "test_f1": pt.score(r, test),
+                "rule": _rule_json(r),
+            }
+        summary: dict[str, object] = {
+            "settings": PER_TRACE_OFFLINE if kind == "offline" else PER_TRACE_ONLINE,
+            "tune_nested_cv_f1": float(np.mean(nested)),
+            "chosen_feature": feature,
+            "rule": _rule_json(rule),
+            "tune_f1": pt.score(rule, tune),
+            "test_f1": pt.score(rule, test),
+            "per_feature": per_feature,
+        }
+        if kind == "online":
+            d = [x for f, s in zip(test, chosen, strict=True) for x in pt.delays[s][f]]
+            summary["test_median_delay"] = float(np.median(d)) if d else None
+        out[kind] = summary
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ceiling", action="store_true", help="add the hindsight ceilings")
+    parser.add_argument(
+        "--per-trace", action="store_true", help="add the per-trace choice of the setting"
+    )
     args = parser.parse_args()
     import ruptures as rpt
 
@@ -294,6 +469,10 @@ def main() -> None:
         t0 = time.monotonic()
         result["ceiling_with_hindsight"] = ceiling(split)
         timing["ceiling"] = time.monotonic() - t0
+    if args.per_trace:
+        t0 = time.monotonic()
+        result["per_trace"] = per_trace(split)
+        timing["per_trace"] = time.monotonic() - t0
     result["seconds"] = {k: round(v, 1) for k, v in timing.items()}
     result["total_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))

@@ -15,16 +15,20 @@ both sides of each point (it sees the future); it shows the noise floor of this 
 ``<client>_<server>_<d|u>_throughput.txt``; four clients, so four folds). The tune/test halves
 share clients and so flatter the ensemble; here each fold holds one whole client out. The
 candidates (:data:`CANDIDATES`: member sets × selector error cap × decay × blend toward MA(5) ×
-guard) are walked on every file (in one walk per file, over the same predictors); each fold
-chooses the whole configuration on its training clients only (nested; :func:`criterion`: the worst
-ratio to MA(5) over the training clients' pooled summaries and each training path group's
-trimmed mean and P90, lowest wins) and reports the held-out client's figures for MA(5), EWMA and
-that choice, all in the same run. ``pooled`` puts the four held-out clients' points together.
+guard; ``--with-rescale``: × relative-error correction) are walked on every file (in one walk
+per file, over the same predictors); each fold chooses the whole configuration on its training
+clients only (nested; :func:`criterion`: the worst ratio to MA(5) over the training clients'
+pooled summaries and each training path group's trimmed mean and P90, lowest wins) and reports
+the held-out client's figures for MA(5), EWMA and that choice, all in the same run. ``pooled``
+puts the four held-out clients' points together.
 ``hindsight_not_a_result`` is, for scale only, what the held-out client itself would have chosen.
 ``shipped`` is the same rule's choice on all clients, which must be the default
 (``ENSEMBLE_CONFIG``), and its figures per client — those are NOT held out.
+``rescale_effect_not_held_out`` (``--with-rescale``): the default with and without the
+relative-error correction (rescale = 100), ratios to MA(5) per client and on all (not held out).
 
-Usage: .venv/bin/python benchmarks/forecast.py [--folds halves|clients]  → one JSON object.
+Usage: .venv/bin/python benchmarks/forecast.py [--folds halves|clients] [--with-rescale]
+→ one JSON object.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -107,15 +112,24 @@ MEMBER_SETS: dict[str, tuple[str, ...]] = {
     "level+baselines": (*LEVEL_MEMBERS, "ma5", "ewma"),
     "level+baselines+mean10": (*LEVEL_MEMBERS, "ma5", "ewma", "mean10"),
 }
-# blend: the weight of MA(5) in the forecast; guard: the window of the fall-back to MA(5) (0 off).
-CANDIDATES: dict[str, EnsembleConfig] = {
-    f"{name} cap={cap} decay={decay} blend={blend} guard={guard}": EnsembleConfig(
-        members, cap=cap, decay=decay, blend=blend, guard=guard
-    )
-    for (name, members), cap, decay, blend, guard in itertools.product(
-        MEMBER_SETS.items(), (0.5, 1.0, 3.0), (0.97, 0.99), (0.0, 0.25, 0.5), (0, 100)
-    )
-}
+
+
+# blend: the weight of MA(5) in the forecast; guard: the window of the fall-back to MA(5) (0 off);
+# rescale: the window of the relative-error correction (0 off).
+def candidates(rescales: tuple[int, ...] = (0,)) -> dict[str, EnsembleConfig]:
+    return {
+        f"{name} cap={cap} decay={decay} blend={blend} guard={guard}"
+        + (f" rescale={rescale}" if rescale else ""): EnsembleConfig(
+            members, cap=cap, decay=decay, blend=blend, guard=guard, rescale=rescale
+        )
+        for (name, members), cap, decay, blend, guard, rescale in itertools.product(
+            MEMBER_SETS.items(), (0.5, 1.0, 3.0), (0.97, 0.99), (0.0, 0.25, 0.5), (0, 100), rescales
+        )
+    }
+
+
+# --with-rescale adds each with the relative-error correction (before the walks' processes fork).
+CANDIDATES: dict[str, EnsembleConfig] = candidates()
 
 
 def client_of(name: str) -> str:
@@ -308,6 +322,21 @@ def folds_by_client() -> dict[str, object]:
         },
         "all": table(walks, every, shipped),
     }
+    # What the relative-error correction alone does to the default (every client: not held out).
+    default = next(k for k, c in CANDIDATES.items() if c == ENSEMBLE_CONFIG)
+    scaled = next(
+        (k for k, c in CANDIDATES.items() if c == replace(ENSEMBLE_CONFIG, rescale=100)), ""
+    )
+    result["rescale_effect_not_held_out"] = scaled and {
+        name: {
+            group: ratios_to_ma5(pooled(walks, part, key), pooled(walks, part, "ma5"))
+            for group, part in (
+                *((c, [n for n in every if client_of(n) == c]) for c in clients),
+                ("all", every),
+            )
+        }
+        for name, key in (("default", default), ("default_rescale_100", scaled))
+    }
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
 
@@ -315,7 +344,15 @@ def folds_by_client() -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folds", choices=("halves", "clients"), default="halves")
-    if parser.parse_args().folds == "clients":
+    parser.add_argument(
+        "--with-rescale",
+        action="store_true",
+        help="--folds clients: every candidate also with the relative-error correction",
+    )
+    args = parser.parse_args()
+    if args.with_rescale:
+        CANDIDATES.update(candidates((100,)))
+    if args.folds == "clients":
         print(json.dumps(folds_by_client(), indent=2))
         return
     halves()

@@ -92,6 +92,10 @@ class EnsembleConfig:
     # > 0: the guard's window (forecasts); the ensemble falls back to MA(5) while, over that
     # many of its latest forecasts, it was worse than MA(5) on both P90 and mean (:class:`_Guard`).
     guard: int = 0
+    # > 0: the window (forecasts) of the relative-error correction (:class:`_RelativeScale`):
+    # the forecast is multiplied by the factor that would have minimised the summed relative
+    # error of the series' latest forecasts.
+    rescale: int = 0
 
     def __post_init__(self) -> None:
         unknown = [m for m in (*self.members, self.default) if m not in METHODS or m == "auto"]
@@ -103,6 +107,8 @@ class EnsembleConfig:
             raise AnalysisError("ensemble decay must be in (0, 1), cap > 0, margin in [0, 1)")
         if not (0 <= self.blend < 1 and (self.guard == 0 or self.guard >= GUARD_MIN)):
             raise AnalysisError(f"ensemble blend must be in [0, 1), guard 0 or >= {GUARD_MIN}")
+        if not (self.rescale == 0 or self.rescale >= GUARD_MIN):
+            raise AnalysisError(f"ensemble rescale must be 0 or >= {GUARD_MIN}")
 
     @property
     def needs_baseline(self) -> bool:
@@ -517,6 +523,32 @@ class _Guard:
         self.base.add(min(abs(observed - base) / scale, GUARD_CAP))
 
 
+class _RelativeScale:
+    """A multiplicative correction for the relative error |f − o|/o, learned online per series.
+
+    |m·f − o|/o = (1/r)·|m − r| with r = o/f, so the factor m that minimises the summed relative
+    error over past forecasts is the median of their ratios r weighted by 1/r: below the plain
+    median where observations dip (over-forecasts cost more than under-forecasts). Ratios are
+    clipped to [1/(1 + c), 1 + c], c = :data:`GUARD_CAP` (relative errors beyond c count as c,
+    as the selector's and the guard's), so a near-zero observation weighs at most 1 + c times a
+    typical one instead of deciding the factor alone.
+    """
+
+    def __init__(self, window: int) -> None:
+        self.ratios: deque[float] = deque(maxlen=window)
+
+    def factor(self) -> float:
+        if len(self.ratios) < GUARD_MIN:
+            return 1.0
+        r = np.sort(np.fromiter(self.ratios, dtype=np.float64))
+        weight = np.cumsum(1.0 / r)
+        return float(r[int(np.searchsorted(weight, 0.5 * weight[-1]))])
+
+    def update(self, f: float, observed: float, floor: float) -> None:
+        r = observed / max(f, floor)
+        self.ratios.append(min(max(r, 1.0 / (1.0 + GUARD_CAP)), 1.0 + GUARD_CAP))
+
+
 class _Choice:
     """One selector's member choice per step, shared by the ensembles that differ only in what
     they do with it (blend, guard): the choice does not depend on those."""
@@ -545,6 +577,7 @@ class _Ensemble:
         self.config = config
         self.choice = choice
         self.guard = _Guard(config.guard) if config.guard else None
+        self.rescale = _RelativeScale(config.rescale) if config.rescale else None
         self.band = ConformalBand(coverage)
 
     def step(
@@ -559,6 +592,10 @@ class _Ensemble:
         base = fc["ma5"] if self.config.needs_baseline else None
         if base is not None:
             f = (1 - self.config.blend) * f + self.config.blend * base
+        if self.rescale is not None:
+            unscaled = f
+            f *= self.rescale.factor()
+            self.rescale.update(unscaled, obs, floor)
         mine, method = f, choice
         if self.guard is not None and base is not None:
             if self.guard.holds():

@@ -1,5 +1,6 @@
 """The ensemble's safeguards toward MA(5): the blend (shrinking toward it) and the guard (falling
-back to it while the ensemble's own recent record is worse), and several ensembles in one walk."""
+back to it while the ensemble's own recent record is worse), the relative-error correction
+(rescale), and several ensembles in one walk."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pytest
 
 from iepm.analysis.forecast import (
     ENSEMBLE_CONFIG,
+    GUARD_CAP,
     LEVEL_MEMBERS,
     EnsembleConfig,
     Forecast,
+    _RelativeScale,
     walk_forward_all,
 )
 from iepm.analysis.series import AnalysisError
@@ -123,5 +126,41 @@ def test_blend_guard_and_names_are_checked() -> None:
         EnsembleConfig(LEVEL_MEMBERS, blend=1.0)
     with pytest.raises(AnalysisError, match="guard"):
         EnsembleConfig(LEVEL_MEMBERS, guard=5)
+    with pytest.raises(AnalysisError, match="rescale"):
+        EnsembleConfig(LEVEL_MEMBERS, rescale=5)
     with pytest.raises(AnalysisError, match="method's name"):
         walk_forward_all(hourly(10), np.ones(10), ensembles={"ma5": GUARDED})
+
+
+def test_the_rescale_factor_minimises_the_summed_relative_error_of_the_window() -> None:
+    rng = np.random.default_rng(11)
+    observed = 100.0 * rng.uniform(0.7, 1.2, 150)
+    observed[rng.random(150) < 0.1] = 0.5  # near-zero observations: clipped, not deciding
+    scale = _RelativeScale(100)
+    for o in observed:
+        scale.update(100.0, float(o), floor=1.0)
+    r = np.clip(observed[-100:] / 100.0, 1 / (1 + GUARD_CAP), 1 + GUARD_CAP)
+    m = scale.factor()
+    loss = lambda k: float(np.sum(np.abs(k - r) / r))  # noqa: E731
+    grid = np.linspace(0.2, 1.5, 2601)
+    assert loss(m) <= min(loss(k) for k in grid) + 1e-9
+    assert m < float(np.median(r))  # below the median: over-forecasts cost more
+    assert m > 0.5  # ten near-zero observations in a hundred do not drag it to them
+
+
+def test_rescale_lowers_the_relative_error_on_a_path_that_dips_and_sees_only_the_past() -> None:
+    n = 800
+    y = noisy_level(n, seed=12)
+    plain = EnsembleConfig(LEVEL_MEMBERS, cap=3.0)
+    scaled = EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100)
+    walks = walk_forward_all(hourly(n), y, methods=(), ensembles={"p": plain, "s": scaled})
+    p, s = walks["p"], walks["s"]
+    assert [f.forecast for f in s[:20]] == [f.forecast for f in p[:20]]  # no record yet
+    assert np.mean(rel(s[100:])) < np.mean(rel(p[100:]))
+    assert all(f.lower <= f.forecast <= f.upper for f in s)
+    z = y.copy()
+    z[500:] = z[500:][::-1] * 0.5  # a different future changes nothing before it
+    other = walk_forward_all(hourly(n), z, methods=(), ensembles={"s": scaled})["s"]
+    assert [f.forecast for f in other if f.index <= 500] == [
+        f.forecast for f in s if f.index <= 500
+    ]
