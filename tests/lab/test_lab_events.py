@@ -59,8 +59,10 @@ def test_route_switch_changes_hops_and_rtt_on_schedule(lab_factory: LabFactory) 
     assert abs(first_long - switch_real) <= 1.0, first_long - switch_real
     old = [rtt for t, rtt in samples if t < switch_real - 0.5]
     new = [rtt for t, rtt in samples if t > switch_real + 0.5]
-    assert abs(statistics.median(old) - 10) <= 0.3
-    assert abs(statistics.median(new) - 60) <= 1.2
+    # netem never delivers early; timers and scheduling only add (0.2-1.0 ms per round trip
+    # on a busy 2-core VM), so the bounds are one-sided around the delays the lab was told.
+    assert 10 - 0.3 <= statistics.median(old) <= 10 + 1.0, statistics.median(old)
+    assert 60 - 1.2 <= statistics.median(new) <= 60 + 2.0, statistics.median(new)
     after = traceroute_hops(lab, "mon", "dst")
     assert after == [lab.address("rb"), dst]
     truth = lab.ground_truth("mon", "dst")
@@ -79,7 +81,8 @@ def test_manual_link_events_delay_step_and_down_up(lab_factory: LabFactory) -> N
     truth = lab.ground_truth("mon", "dst")
     assert truth["delay_forward_ms"] == 15 and truth["delay_reverse_ms"] == 5
     rtts = ping_rtts(lab.exec("mon", ["ping", "-n", "-c", "20", "-i", "0.02", dst]).stdout)
-    assert abs(statistics.median(rtts) - 20) <= 0.4
+    # One-sided, as above.
+    assert 20 - 0.4 <= statistics.median(rtts) <= 20 + 1.0, statistics.median(rtts)
     lab.apply({"action": "link", "link": "ra_dst", "up": False})
     assert lab.ground_truth("mon", "dst")["links_up"] is False
     run = lab.exec("mon", ["ping", "-n", "-c", "5", "-i", "0.05", "-W", "1", dst])
