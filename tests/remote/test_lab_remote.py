@@ -157,7 +157,9 @@ def test_full_cycle_to_agent_and_ssh_targets_matches_ground_truth(
         truth = lab.ground_truth("mon1", target)
         ping = by(results, target, "ping")
         assert ping.succeeded, ping.error
-        assert ping.data["rtt_avg_ms"] == pytest.approx(truth["rtt_ms"], abs=1.0)
+        # One-sided: netem never delivers early, timers and scheduling only add (up to ~1 ms a
+        # round trip on a busy 2-core VM: 15.0 ms for 14 in one whole-suite run).
+        assert truth["rtt_ms"] - 0.5 <= ping.data["rtt_avg_ms"] <= truth["rtt_ms"] + 2.0, ping.data
         trace = by(results, target, "traceroute")
         assert trace.succeeded, trace.error
         assert [h["address"] for h in trace.data["hops"]] == [*truth["hops"], lab.address(target)]
