@@ -226,15 +226,24 @@ def test_a_refused_key_is_permission_denied_at_once(
     assert nothing_left(sshd, memory_dir)
 
 
-def test_a_full_disk_on_the_target_fails_the_copy_and_removes_it(
-    sshd: Sshd, work_dir: Path
-) -> None:
-    target = work_dir / "small"
+@contextlib.contextmanager
+def small_tmpfs(parent: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs at ``parent/small``: a target file system too small for the copy."""
+    target = parent / "small"
     target.mkdir()
     subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(target)], check=True, timeout=10
     )
     try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True, timeout=10)
+
+
+def test_a_full_disk_on_the_target_fails_the_copy_and_removes_it(
+    sshd: Sshd, work_dir: Path
+) -> None:
+    with small_tmpfs(work_dir) as target:
         spec = rsync_disk.Spec(size="8M", duration_s=20, source_dir=str(work_dir))
         result = asyncio.run(rsync_disk.run(spec, context(sshd.access(work_dir=str(target)))))
         assert result.outcome == Outcome.FAILED
@@ -243,28 +252,19 @@ def test_a_full_disk_on_the_target_fails_the_copy_and_removes_it(
         ), result.error
         assert "No space left on device" in (result.error or "")
         assert wait_until(lambda: nothing_left(sshd, target), 5.0)
-    finally:
-        subprocess.run(["umount", str(target)], check=True, timeout=10)
 
 
 def test_a_full_memory_file_system_fails_every_stream_and_removes_them(
     sshd: Sshd, work_dir: Path
 ) -> None:
     """Four rsyncs at once into a target's memory file system too small for their parts."""
-    target = work_dir / "small"
-    target.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(target)], check=True, timeout=10
-    )
-    try:
+    with small_tmpfs(work_dir) as target:
         result = run_mem(sshd.access(memory_dir=str(target)), size="8M", duration_s=20, streams=4)
         assert result.outcome == Outcome.FAILED
         assert "no room for the copy on root@127.0.0.1: its file system is full" in (
             result.error or ""
         ), result.error
         assert wait_until(lambda: nothing_left(sshd, target), 5.0)
-    finally:
-        subprocess.run(["umount", str(target)], check=True, timeout=10)
 
 
 @pytest.mark.parametrize("streams", [1, 4])
