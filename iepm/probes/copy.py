@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from iepm.errors import ConfigError, RemoteError, ToolNotFound
+from iepm.errors import ConfigError, ParseError, RemoteError, ToolFailed, ToolNotFound
 from iepm.probes.base import (
     ProbeContext,
     ProbeSpec,
@@ -155,6 +155,19 @@ def committed_bps(
     if transfer_s is None or commit_s is None:
         return None
     return bps(nbytes, transfer_s + commit_s)
+
+
+def not_started(tool: str, where: str, raw: RawRun) -> ToolFailed | ParseError:
+    """The error for a copy tool that printed nothing stamped: ToolFailed with the last thing
+    it said (a refused login, a missing file), or ParseError when it was killed or crashed
+    before saying anything."""
+    complaint = next((ln.strip() for ln in reversed(raw.stderr.splitlines()) if ln), None)
+    if complaint and not raw.timed_out:
+        return ToolFailed(f"{tool} to {where} did not start; it said: {complaint}")
+    return ParseError(
+        f"{tool} to {where} printed nothing stamped (exit {raw.returncode}): it was killed or "
+        "crashed before starting"
+    )
 
 
 def stamped(text: str) -> list[tuple[float, str]]:

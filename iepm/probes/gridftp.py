@@ -45,7 +45,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from iepm.errors import ParseError, ToolFailed, ToolNotFound
+from iepm.errors import ToolFailed, ToolNotFound
 from iepm.probes import copy
 from iepm.probes.base import Column, ProbeContext, ServerLease, ServerNeed, figure
 from iepm.results import Result
@@ -250,13 +250,7 @@ def parse(raw: RawRun, spec: TransferSpec | None = None) -> dict[str, Any]:
     its own errors, ParseError for output that is not a stamped globus-url-copy run."""
     out, err = copy.stamped(raw.stdout), copy.stamped(raw.stderr)
     if not err:
-        complaint = next((ln.strip() for ln in reversed(raw.stderr.splitlines()) if ln), None)
-        if complaint and not raw.timed_out:
-            raise ToolFailed(f"globus-url-copy to {where(raw.argv)} did not start: {complaint}")
-        raise ParseError(
-            f"globus-url-copy to {where(raw.argv)} printed nothing stamped (exit "
-            f"{raw.returncode}): it was killed or crashed before starting"
-        )
+        raise copy.not_started("globus-url-copy", where(raw.argv), raw)
     if raw.returncode not in (0, None) and not raw.timed_out:
         why = explain([text for _, text in err], raw.argv)
         if why is not None:

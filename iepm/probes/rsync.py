@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from iepm.errors import ParseError, RemoteError, ToolFailed
+from iepm.errors import RemoteError, ToolFailed
 from iepm.probes import copy
 from iepm.probes.base import (
     SSH_LOGIN,
@@ -311,13 +311,7 @@ def parse(raw: RawRun, spec: CopySpec | None = None) -> dict[str, Any]:
     streams = by_stream(raw)
     events = sorted(line for out, err in streams.values() for line in (*out, *err))
     if not events:
-        complaint = next((ln.strip() for ln in reversed(raw.stderr.splitlines()) if ln), None)
-        if complaint and not raw.timed_out:
-            raise ToolFailed(f"rsync to {where(raw.argv)} did not start; it said: {complaint}")
-        raise ParseError(
-            f"rsync to {where(raw.argv)} printed nothing stamped (exit {raw.returncode}): it was "
-            "killed or crashed before starting"
-        )
+        raise copy.not_started("rsync", where(raw.argv), raw)
     first, last = events[0][0], events[-1][0]
     read = [read_stream(out, err) for out, err in streams.values()]
     done_all = all(r.done is not None for r in read)
