@@ -69,6 +69,10 @@ BUSY_PACKET_SHARE = 0.1
 MTU_BYTES = 1500
 NOISE_FLOOR_NS = 120_000
 MIN_PROBES = 20
+# The empty queue's delay is this low quantile of the probes' delays, not their least: a probe
+# or two delivered early (in the lab, by a delay line already awake for another packet while
+# the rest wait for its wake-up) would otherwise make every other probe look queued.
+FLOOR_QUANTILE = 0.02
 # A probe the sender reaches later than this after its Poisson moment is skipped (see send()).
 LATE_PROBE_S = 100e-6
 # The last stretch before a probe's moment is spun, not slept: short, since every µs spun is
@@ -278,6 +282,11 @@ def drained_ns(train: Train, capacity: float, utilisation: float = 0.0) -> int:
     return train.sent_ns[0] + int(2 * stretch * len(train.sent_ns) * train.bits() / capacity * 1e9)
 
 
+def floor_ns(delays: Sequence[int]) -> int:
+    """The delay of a probe that found the queue empty: :data:`FLOOR_QUANTILE` of ``delays``."""
+    return sorted(delays)[int(FLOOR_QUANTILE * len(delays))]
+
+
 def busy_fraction(
     train: Train,
     capacity: float,
@@ -293,7 +302,7 @@ def busy_fraction(
     delays = one_way_delays_ns(train, after_ns, before_ns)
     if len(delays) < MIN_PROBES:
         return None
-    floor = min(delays)
+    floor = floor_ns(delays)
     packet_ns = MTU_BYTES * 8 / capacity * 1e9
     threshold = max(noise_floor_ns, BUSY_PACKET_SHARE * packet_ns)
     waits = [d - floor for d in delays]
@@ -318,7 +327,7 @@ def ambiguous_share(
     delays = one_way_delays_ns(train, after_ns, before_ns)
     if not delays:
         return 0.0
-    floor = min(delays)
+    floor = floor_ns(delays)
     threshold = max(noise_floor_ns, BUSY_PACKET_SHARE * MTU_BYTES * 8 / capacity * 1e9)
     return sum(1 for d in delays if threshold / 2 < d - floor <= 2 * threshold) / len(delays)
 
