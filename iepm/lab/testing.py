@@ -12,8 +12,11 @@ fixtures; another test directory can do the same in a few lines::
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +46,89 @@ def lab_unavailable() -> str | None:
     except LabError as exc:
         return str(exc)
     return None
+
+
+# A sleeper at the delay line's own priority (SCHED_FIFO 10, timer slack 1 ns): how late it
+# wakes is how late the delay line forwards a packet that found it idle. Stops after its count
+# or at SIGTERM, and prints its figures either way.
+_TIMER_METER = """
+import json, signal, statistics, sys, time
+from iepm.lab.delayline import PR_SET_TIMERSLACK, _libc, set_priority
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+set_priority("realtime")
+_libc().prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+period_ns, count, late_us = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+late = []
+while len(late) < count and not stopped:
+    due = time.perf_counter_ns() + period_ns
+    time.sleep(period_ns * 1e-9)
+    late.append((time.perf_counter_ns() - due) / 1000)
+late = late or [0.0]
+print(json.dumps({
+    "p50_us": statistics.median(late),
+    "p90_us": sorted(late)[int(0.9 * (len(late) - 1))],
+    "max_us": max(late),
+    "late_share": sum(1 for x in late if x > late_us) / len(late),
+    "wakeups": len(late),
+}))
+"""
+
+
+def _meter_argv(period_us: int, count: int, late_us: float) -> list[str]:
+    return [sys.executable, "-c", _TIMER_METER, str(period_us * 1000), str(count), str(late_us)]
+
+
+def timer_lateness_us(
+    duration_s: float = 0.5, period_us: int = 250, late_us: float = 120
+) -> dict[str, float]:
+    """How late this host wakes a task of the delay line's priority (p50, p90, max in µs, and
+    the share of wake-ups later than ``late_us``) over ``duration_s``: the lab forwards a packet
+    that finds its delay line idle that late, so timing-sensitive lab tests (available
+    bandwidth's 120 µs) can tell a host stalled under them (a busy hypervisor: ms) from a
+    method that fails."""
+    count = max(10, int(duration_s * 1e6 / period_us))
+    run = subprocess.run(
+        _meter_argv(period_us, count, late_us),
+        capture_output=True,
+        text=True,
+        timeout=duration_s * 4 + 30,
+        check=True,
+    )
+    figures: dict[str, float] = json.loads(run.stdout)
+    return figures
+
+
+class HostTimer:
+    """:func:`timer_lateness_us` over a whole block (``with HostTimer() as timer: …``, then
+    ``timer.figures``), waking every ``period_us`` (1 ms: a light load beside the block's)."""
+
+    def __init__(self, period_us: int = 1000, late_us: float = 120) -> None:
+        self.argv = _meter_argv(period_us, 10**9, late_us)
+        self.figures: dict[str, float] = {}
+        self._proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> HostTimer:
+        self._proc = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._proc is not None
+        self._proc.terminate()
+        try:
+            out, _ = self._proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, 9)
+            out, _ = self._proc.communicate()
+        if out.strip():
+            self.figures = json.loads(out)
 
 
 def sweep_stale_labs() -> list[str]:

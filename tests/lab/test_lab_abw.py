@@ -10,7 +10,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest
 
 from iepm.config import AgentAccess
 from iepm.lab import Lab
-from iepm.lab.testing import LabFactory
+from iepm.lab.testing import LabFactory, timer_lateness_us
 from iepm.probes import abw
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
@@ -33,6 +33,14 @@ ESTIMATES = 6
 # (capacity Mbit/s, cross traffic share): a handful across 10-200 Mbit/s and 0-70 %; the full
 # sweep over 10-500 Mbit/s, with the accuracy goal, is benchmarks/abw.py.
 PATHS = [(10, 0.7), (100, 0.0), (100, 0.5), (200, 0.3)]
+# The method resolves a 120 µs wait (abwtool.NOISE_FLOOR_NS). A host that wakes the delay line
+# later than that for more than this share of its wake-ups (a busy hypervisor) emulates a busy
+# link: with a third of each CPU's time taken in 1 ms slices by a SCHED_FIFO task above the
+# delay line, estimates on an idle 100 Mbit/s path read 43-77 Mbit/s with quality 0.6-0.92.
+# An estimate taken then is taken again.
+HOST_LATE_SHARE = 0.02
+RETAKES = 4
+LATE_HOST: list[str] = []
 
 
 def topology(rate_mbit: float, cross_mbit: float) -> dict[str, Any]:
@@ -83,12 +91,33 @@ def estimates(lab: Lab, count: int) -> tuple[list[Result], float]:
     what the bottleneck carried less the probes' own bytes)."""
     ctx: ProbeContext = lab.ctx  # type: ignore[attr-defined]
     b0, t0 = delivered_bytes(lab), time.monotonic()
-    results = [asyncio.run(abw.run(abw.Spec(), ctx)) for _ in range(count)]
+    results = [
+        on_a_timely_host(lambda: asyncio.run(abw.run(abw.Spec(), ctx))) for _ in range(count)
+    ]
     b1, t1 = delivered_bytes(lab), time.monotonic()
     ours = sum(r.data.get("probe_bytes", 0) for r in results)
     for r in results:
         assert r.succeeded, f"{r.error}\n{r.diags[-1500:]}"
     return results, max(0.0, (b1 - b0 - ours) * 8 / (t1 - t0))
+
+
+def on_a_timely_host(estimate: Callable[[], Result]) -> Result:
+    """An estimate taken while the host woke the delay line on time, before and after it (the
+    timer meter: iepm.lab.testing.timer_lateness_us); else taken again, up to RETAKES times,
+    and the last one kept with the meter's readings in LATE_HOST for the assertions to show."""
+    meters = []
+    for _ in range(RETAKES + 1):
+        before = timer_lateness_us(0.3)
+        result = estimate()
+        after = timer_lateness_us(0.3)
+        meters.append((round(before["late_share"], 3), round(after["late_share"], 3)))
+        if max(meters[-1]) <= HOST_LATE_SHARE:
+            return result
+    LATE_HOST.append(
+        f"estimate taken on a host late for the 120 µs resolution: share of late wake-ups "
+        f"before/after each try {meters} (allowed {HOST_LATE_SHARE})"
+    )
+    return result
 
 
 def test_estimates_keep_their_budget_read_the_capacity_and_fall_with_cross_traffic(
@@ -120,11 +149,12 @@ def test_estimates_keep_their_budget_read_the_capacity_and_fall_with_cross_traff
         print(
             f"C {rate_mbit} Mbit/s, cross {cross_bps / 1e6:.1f} Mbit/s, A {truth_bps / 1e6:.1f}: "
             f"estimates {[round(r.data['available_bps'] / 1e6, 1) for r in results]}, "
-            f"capacity {[round(r.data['capacity_bps'] / 1e6, 1) for r in results]}"
+            f"capacity {[round(r.data['capacity_bps'] / 1e6, 1) for r in results]}, "
+            f"quality {[r.data['quality'] for r in results]}"
         )
     # Same capacity, half of it taken by cross traffic: the estimate reads at least a quarter
     # of the capacity lower (the truth: half).
-    assert medians[(100, 0.5)] <= medians[(100, 0.0)] - 25e6, medians
+    assert medians[(100, 0.5)] <= medians[(100, 0.0)] - 25e6, (medians, LATE_HOST)
 
 
 def wait_for_cross_traffic(lab: Lab, timeout_s: float = 30.0) -> None:
@@ -142,9 +172,12 @@ def test_a_rate_step_shows_within_two_estimates(lab_factory: LabFactory) -> None
         lab.set_link(LINK, rate_mbit=40)
         after, _ = estimates(lab, 2)
     level = statistics.median(r.data["available_bps"] for r in before)
-    assert level == pytest.approx(100e6, rel=0.2), [r.data["available_bps"] for r in before]
+    assert level == pytest.approx(100e6, rel=0.2), (
+        [r.data["available_bps"] for r in before],
+        LATE_HOST,
+    )
     # Within two estimates the step is seen: both read well below the old level, and one
     # reads the new rate (a single estimate on a loaded host may still be off by a quarter).
     readings = [r.data["available_bps"] for r in after]
-    assert all(v < 0.7 * level for v in readings), readings
-    assert any(v == pytest.approx(40e6, rel=0.25) for v in readings), readings
+    assert all(v < 0.7 * level for v in readings), (readings, LATE_HOST)
+    assert any(v == pytest.approx(40e6, rel=0.25) for v in readings), (readings, LATE_HOST)
