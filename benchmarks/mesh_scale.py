@@ -157,8 +157,13 @@ def build(url: str, n: int, days: int, seed: int) -> dict[str, Any]:
 def _writer(url: str, name: str, ready: Any, go: Any, seconds: float, out: Any) -> None:
     from tests.store import sample
 
-    with Archive.open(url) as archive:
+    try:
+        archive = Archive.open(url)
         archive.count()  # connected and migrated before the common start
+    except Exception as exc:  # the parent stops every writer and says why
+        ready.put(f"error: {name}: {exc}")
+        return
+    with archive:
         ready.put(name)
         go.wait(timeout=600)
         done = 0
@@ -180,16 +185,22 @@ def write_rate(url: str, writers: int, seconds: float) -> dict[str, Any]:
     ]
     for p in procs:
         p.start()
+    counted = False
     try:
         for _ in procs:
-            ready.get(timeout=600)
+            if (got := ready.get(timeout=600)).startswith("error: "):
+                raise SystemExit(f"mesh_scale: writer failed: {got[7:]}")
         go.set()
         counts = [out.get(timeout=seconds + 300) for _ in procs]
+        counted = True
     finally:
         for p in procs:
+            if not counted:  # a writer that failed or never started: the rest wait on `go`
+                p.kill()
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=30)
     total = sum(counts)
     return {"writers": writers, "results": total, "per_second": round(total / seconds, 1),
             "per_writer_per_second": round(total / seconds / writers, 1)}  # fmt: skip
