@@ -18,7 +18,7 @@ from iepm import demo, tomlload
 from iepm.flows.compare import match
 from iepm.flows.store import read_flows
 from iepm.lab import Lab
-from iepm.lab.testing import LabFactory
+from iepm.lab.testing import HostTimer, LabFactory
 from iepm.probes import get_probe
 from iepm.probes.base import ProbeContext
 from iepm.results import Result
@@ -74,7 +74,8 @@ def test_the_demo_softflowd_on_kek_path_drops_nothing_and_formula_1_meets_5_perc
     server = lab.popen("kek", ["iperf3", "-s", "-p", str(PORT), "-B", lab.address("kek")])
     try:
         wait_until(lambda: listening(lab, "kek", PORT), 10, "iperf3 server")
-        results = [tuned_iperf3(lab) for _ in range(TESTS)]
+        with HostTimer() as host:  # how late the host was during the tests, for a failure
+            results = [tuned_iperf3(lab) for _ in range(TESTS)]
         assert {r.params["window"] for r in results} == {"512K"}
         stats = lab.exec("mon", ["softflowctl", "-c", str(control), "statistics"], 10).stdout
         with Archive.open(url) as archive:
@@ -98,7 +99,10 @@ def test_the_demo_softflowd_on_kek_path_drops_nothing_and_formula_1_meets_5_perc
                 wait_until(lambda: len(matched()) == TESTS, 90, "every test's flows exported")
             except AssertionError as exc:
                 log = (tmp_path / "collector.log").read_text(errors="replace")[-800:]
-                raise AssertionError(f"{exc}; {seen}; {stats}; collector: {log}") from None
+                raise AssertionError(
+                    f"{exc}; {seen}; host during the tests {host.figures}; {stats}; "
+                    f"collector: {log}"
+                ) from None
             found, _ = match(results, list(read_flows(archive)))
     finally:
         for proc in (server, exporter):
