@@ -5,7 +5,9 @@ bounded kernel makes the cost robust: an outlier adds at most one "sample" of co
 lands, so it cannot pay for a segment of its own, while a shift of the level or a change of the
 spread (a congested period) does. The kernel bandwidth follows the series' own noise (a robust
 scale of the first differences), so the penalty is in units of samples and carries across series
-of any unit or size.
+of any unit or size. By default the penalty grows with the log of the series' length, as BIC-type
+penalties do (R's ``changepoint`` uses MBIC): a longer series offers more places for a spurious
+split, so each change must pay a little more.
 
 Online (:class:`KernelDetector`, used by :func:`detect_online`): the same kernel cost, asked one
 sample at a time whether the samples since the last change are better described as two segments,
@@ -36,7 +38,10 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 
 # Chosen on the tune half of rtt-changes/ (see benchmarks/changes.py), never on the test half.
-DEFAULT_PENALTY = 4.0
+# Penalty per change = DEFAULT_PENALTY_PER_LOG_N · ln(n) samples (n: finite samples), 3.7 for
+# 1,600 samples, 4.6 for 10,000. 0.5 won leave-one-file-out CV on the tune half (0.799 against
+# 0.768 for the best fixed penalty, 4); see benchmarks/changes.py --penalty-rules.
+DEFAULT_PENALTY_PER_LOG_N = 0.5
 DEFAULT_BANDWIDTH = 12.0
 DEFAULT_MIN_SIZE = 2
 DEFAULT_MIN_CHANGE = 0.006
@@ -98,9 +103,16 @@ def kernel_pelt(x: FloatArray, penalty: float, bandwidth: float, min_size: int =
     Segment cost with the Gaussian kernel k(a, b) = exp(-(a-b)²/(2h²)):
     ``len - ΣΣ k / len`` (kernel "variance"), updated incrementally per candidate start.
     """
+    return kernel_pelt_cost(x, penalty, bandwidth, min_size)[0]
+
+
+def kernel_pelt_cost(
+    x: FloatArray, penalty: float, bandwidth: float, min_size: int = 2
+) -> tuple[list[int], float]:
+    """:func:`kernel_pelt`'s change points and their Σ segment cost (without the penalties)."""
     n = int(x.size)
     if n < 2 * min_size:
-        return []
+        return [], 0.0
     inv = -0.5 / (bandwidth * bandwidth)
     best = np.full(n + 1, np.inf)
     best[0] = -penalty
@@ -131,10 +143,49 @@ def kernel_pelt(x: FloatArray, penalty: float, bandwidth: float, min_size: int =
         t = int(last[t])
         if t > 0:
             cps.append(t)
-    return sorted(cps)
+    return sorted(cps), float(best[n] - penalty * len(cps))
 
 
-def _merge_small(x: FloatArray, cps: list[int], min_change: float) -> list[int]:
+def crops(
+    x: FloatArray, bandwidth: float, low: float, high: float, min_size: int = 2
+) -> dict[int, tuple[float, list[int]]]:
+    """Every optimal segmentation for penalties in [``low``, ``high``] (CROPS: Haynes, Eckley &
+    Fearnhead 2017): ``{number of changes: (Σ segment cost, change points)}``. ``x`` finite and
+    scaled as :func:`unit_scaled` gives it, ``bandwidth`` in noise scales (as in :func:`segment`).
+
+    Optimal segmentations as the penalty varies are the lower convex hull of cost against number
+    of changes; between two found ones with more than one change apart, the penalty at which
+    both cost the same is the only one that can reveal a third, so it is tried next.
+    """
+    found: dict[int, tuple[float, list[int]]] = {}
+    h = _bandwidth(x, bandwidth)
+
+    def run(penalty: float) -> tuple[int, float]:
+        cps, cost = kernel_pelt_cost(x, penalty, h, min_size)
+        found.setdefault(len(cps), (cost, cps))
+        return len(cps), cost
+
+    todo = [(low, run(low), high, run(high))]
+    while todo:
+        a, (ka, qa), b, (kb, qb) = todo.pop()
+        if ka - kb <= 1:
+            continue
+        middle = (qb - qa) / (ka - kb)
+        if not a < middle < b:
+            continue
+        km, qm = run(middle)
+        if km not in (ka, kb):
+            todo += [(a, (ka, qa), middle, (km, qm)), (middle, (km, qm), b, (kb, qb))]
+    return found
+
+
+def default_penalty(n_samples: int) -> float:
+    """The offline penalty (in samples) for a series of ``n_samples`` finite samples."""
+    return DEFAULT_PENALTY_PER_LOG_N * math.log(max(n_samples, 2))
+
+
+def merge_small(x: FloatArray, cps: list[int], min_change: float) -> list[int]:
+    """Merge adjacent segments whose medians differ by less than ``min_change`` of the level."""
     cps = list(cps)
     while cps and min_change > 0:
         bounds = [0, *cps, int(x.size)]
@@ -147,34 +198,43 @@ def _merge_small(x: FloatArray, cps: list[int], min_change: float) -> list[int]:
     return cps
 
 
-def _finite(y: Sequence[float] | FloatArray) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+def finite_samples(y: Sequence[float] | FloatArray) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """The finite samples of ``y`` and their indices in it."""
     arr = np.asarray(y, dtype=np.float64)
     idx = np.flatnonzero(np.isfinite(arr))
     return arr[idx], idx
 
 
+def unit_scaled(x: FloatArray) -> FloatArray:
+    """``x`` divided by a power of two near its largest magnitude: exact, and squares of huge
+    values stay finite (the kernel costs expect magnitudes near 1)."""
+    top = float(np.max(np.abs(x))) if x.size else 0.0
+    return x / (math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0)
+
+
 def segment(
     y: Sequence[float] | FloatArray,
     *,
-    penalty: float = DEFAULT_PENALTY,
+    penalty: float | None = None,
     bandwidth: float = DEFAULT_BANDWIDTH,
     min_size: int = DEFAULT_MIN_SIZE,
     min_change: float = DEFAULT_MIN_CHANGE,
 ) -> list[ChangePoint]:
     """Offline segmentation of a whole series into segments of stable level and spread.
 
-    ``bandwidth`` is in units of the robust noise scale; ``penalty`` in samples. Adjacent
+    ``bandwidth`` is in units of the robust noise scale; ``penalty`` in samples (None:
+    :func:`default_penalty` of the number of finite samples). Adjacent
     segments whose medians differ by less than ``min_change`` (a fraction of the level) are then
     merged, smallest difference first: on very quiet paths the kernel cost notices shifts of a
     fraction of a percent that nobody would call a change.
     """
-    x, idx = _finite(y)
-    top = float(np.max(np.abs(x))) if x.size else 0.0
-    # Scaling by a power of two is exact and keeps squares of huge values finite.
-    unit = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0
+    x, idx = finite_samples(y)
+    if penalty is None:
+        penalty = default_penalty(int(x.size))
+    scaled = unit_scaled(x)
     with np.errstate(over="ignore", under="ignore"):
-        cps = kernel_pelt(x / unit, penalty, _bandwidth(x / unit, bandwidth), min_size)
-        cps = _merge_small(x / unit, cps, min_change)
+        cps = kernel_pelt(scaled, penalty, _bandwidth(scaled, bandwidth), min_size)
+        cps = merge_small(scaled, cps, min_change)
     bounds = [0, *cps, int(x.size)]
     out = []
     for a, b, c in zip(bounds, bounds[1:], bounds[2:], strict=False):

@@ -18,9 +18,15 @@ from hypothesis import strategies as st
 from iepm.analysis.changes import (
     KernelDetector,
     OnlineDetector,
+    _bandwidth,
+    crops,
+    default_penalty,
     detect_online,
+    finite_samples,
+    kernel_pelt_cost,
     noise_scale,
     segment,
+    unit_scaled,
 )
 from iepm.analysis.series import read_series
 from tests.analysis.conftest import DATA
@@ -217,3 +223,44 @@ def test_real_rtt_trace_labels_found() -> None:
     for found in ([cp.index for cp in segment(y)], [a.index for a in detect_online(y)]):
         assert len(found) == len(labels)
         assert all(abs(f - lab) <= 5 for f, lab in zip(found, labels, strict=True)), found
+
+
+def test_default_penalty_grows_with_log_of_the_finite_samples() -> None:
+    y = noisy([(300, 10.0), (300, 14.0), (300, 9.0)], sd=0.5, seed=3)
+    y[::7] = np.nan  # missing samples do not count in n
+    n = int(np.isfinite(y).sum())
+    assert default_penalty(n) == pytest.approx(0.5 * np.log(n))
+    assert default_penalty(10_000) > default_penalty(1_600) > default_penalty(100)
+    assert segment(y) == segment(y, penalty=default_penalty(n))
+    assert [cp.index for cp in segment(y)] == [300, 600]
+
+
+def test_real_short_trace_gains_from_the_log_penalty() -> None:
+    # 17783.csv (tune half, 1,645 valid samples): ln n gives penalty 3.7 instead of the fixed 4,
+    # and a labelled excursion (two changes, 7 samples apart) that a penalty of 4 leaves out is
+    # found, with nothing else added.
+    y, labels = rtt_trace("17783.csv")
+    x, _ = finite_samples(y)
+    assert default_penalty(x.size) < 4.0
+
+    def hits(found: list[int]) -> int:
+        return sum(any(abs(f - lab) <= 5 for f in found) for lab in labels)
+
+    fixed = [cp.index for cp in segment(y, penalty=4.0)]
+    log_n = [cp.index for cp in segment(y)]
+    assert hits(log_n) == hits(fixed) + 2 == len(log_n) == len(fixed) + 2
+
+
+def test_crops_gives_the_optimal_segmentation_at_every_penalty() -> None:
+    # CROPS must find, for any penalty in its range, the segmentation PELT gives at that penalty.
+    y, _ = rtt_trace("17783.csv")
+    x = unit_scaled(finite_samples(y)[0])
+    hull = crops(x, 12.0, 2.0, 32.0)
+    assert len(hull) >= 3 and all(len(cps) == k for k, (_, cps) in hull.items())
+    h = _bandwidth(x, 12.0)
+    for penalty in (2.0, 2.7, 4.0, 5.5, 9.0, 17.0, 32.0):
+        best = min(hull, key=lambda k: hull[k][0] + penalty * k)
+        cps, cost = kernel_pelt_cost(x, penalty, h)
+        # Ties in Σ cost + penalty·k are possible at the hull's own breakpoints only.
+        assert hull[best][0] + penalty * best == pytest.approx(cost + penalty * len(cps))
+        assert hull[best][1] == cps
