@@ -28,7 +28,8 @@ puts the four held-out clients' points together.
 relative-error correction (rescale = 100), ratios to MA(5) per client and on all (not held out).
 
 ``--with-weak-rescale``: × weaker forms of it (:data:`WEAK_RESCALES`: shrunk toward 1, clipped
-tighter, a longer window, or only on a sign test's evidence), on the cap-3, decay-0.97 candidates.
+tighter, a longer window, only on a sign test's evidence, or only while its own record is no
+worse on P90 and mean), on the cap-3, decay-0.97 candidates.
 
 Usage: .venv/bin/python benchmarks/forecast.py [--folds halves|clients] [--with-rescale]
 [--with-weak-rescale]
@@ -136,14 +137,19 @@ def candidates(rescales: tuple[int, ...] = (0,)) -> dict[str, EnsembleConfig]:
 CANDIDATES: dict[str, EnsembleConfig] = candidates()
 
 # Weaker forms of the correction (window 100 unless named): the factor shrunk toward 1
-# (m**power), clipped tighter, over a longer window, or used only on a sign test's evidence.
-WEAK_RESCALES: dict[str, dict[str, float]] = {
+# (m**power), clipped tighter, over a longer window, used only on a sign test's evidence, or
+# only while checked against the uncorrected forecasts.
+WEAK_RESCALES: dict[str, dict[str, float | bool]] = {
     "power=0.25": {"rescale": 100, "rescale_power": 0.25},
     "power=0.5": {"rescale": 100, "rescale_power": 0.5},
     "power=0.75": {"rescale": 100, "rescale_power": 0.75},
     "limit=1.25": {"rescale": 100, "rescale_limit": 1.25},
     "window=300 power=0.5": {"rescale": 300, "rescale_power": 0.5},
     "evidence=2": {"rescale": 100, "rescale_evidence": 2.0},
+    # Used only while the corrected forecasts' own record is no worse on P90 and mean.
+    "checked": {"rescale": 100, "rescale_check": True},
+    "power=0.5 checked": {"rescale": 100, "rescale_power": 0.5, "rescale_check": True},
+    "limit=1.25 checked": {"rescale": 100, "rescale_limit": 1.25, "rescale_check": True},
 }
 
 

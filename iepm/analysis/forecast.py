@@ -102,6 +102,9 @@ class EnsembleConfig:
     rescale_power: float = 1.0
     rescale_limit: float = 1.0 + GUARD_CAP
     rescale_evidence: float = 0.0
+    # True: the correction is used only while, over its window, the corrected forecasts were no
+    # worse than the uncorrected ones on both P90 and mean relative error (both kept, causally).
+    rescale_check: bool = False
 
     def __post_init__(self) -> None:
         unknown = [m for m in (*self.members, self.default) if m not in METHODS or m == "auto"]
@@ -552,7 +555,9 @@ class _RelativeScale:
     Weaker forms (:class:`EnsembleConfig`): the factor clipped to [1/limit, limit], raised to
     ``power`` ≤ 1 (shrunk toward 1), and used only when ``evidence`` > 0 is met by a sign test:
     of the window's forecasts, those m would have made better (|m − r| < |1 − r|) must exceed
-    half by ``evidence`` binomial standard deviations; otherwise the factor is 1.
+    half by ``evidence`` binomial standard deviations; otherwise the factor is 1. With ``check``
+    the factor is used only while the corrected forecasts, recorded beside the uncorrected ones
+    over the window, were no worse on both P90 and mean (:meth:`trusted`).
     """
 
     def __init__(
@@ -561,11 +566,27 @@ class _RelativeScale:
         power: float = 1.0,
         limit: float = 1.0 + GUARD_CAP,
         evidence: float = 0.0,
+        check: bool = False,
     ) -> None:
         self.ratios: deque[float] = deque(maxlen=window)
         self.power = power
         self.limit = limit
         self.evidence = evidence
+        # With check: the record of the corrected and the uncorrected forecasts, side by side.
+        self.record = (_ErrorWindow(window), _ErrorWindow(window)) if check else None
+
+    def trusted(self) -> bool:
+        """Whether to use the factor: always without check; with it, while the corrected
+        forecasts' record over the window is no worse on P90 and mean (uncapped: the mean is
+        the seeds' own metric, which the near-zero observations decide)."""
+        if self.record is None:
+            return True
+        scaled, plain = self.record
+        return (
+            len(scaled) >= GUARD_MIN
+            and scaled.quantile(0.9) <= plain.quantile(0.9)
+            and scaled.mean() <= plain.mean()
+        )
 
     def factor(self) -> float:
         n = len(self.ratios)
@@ -585,7 +606,12 @@ class _RelativeScale:
                 return 1.0
         return m**self.power
 
-    def update(self, f: float, observed: float, floor: float) -> None:
+    def update(self, f: float, scaled: float, observed: float, floor: float) -> None:
+        """Learn from ``observed``: ``f`` was the uncorrected forecast, ``scaled`` the corrected."""
+        if self.record is not None:
+            scale = max(abs(observed), floor)
+            for window, g in zip(self.record, (scaled, f), strict=True):
+                window.add(min(abs(observed - g) / scale, 1e6))
         r = observed / max(f, floor)
         self.ratios.append(min(max(r, 1.0 / (1.0 + GUARD_CAP)), 1.0 + GUARD_CAP))
 
@@ -624,6 +650,7 @@ class _Ensemble:
                 config.rescale_power,
                 config.rescale_limit,
                 config.rescale_evidence,
+                config.rescale_check,
             )
             if config.rescale
             else None
@@ -643,9 +670,9 @@ class _Ensemble:
         if base is not None:
             f = (1 - self.config.blend) * f + self.config.blend * base
         if self.rescale is not None:
-            unscaled = f
-            f *= self.rescale.factor()
-            self.rescale.update(unscaled, obs, floor)
+            unscaled, scaled = f, f * self.rescale.factor()
+            f = scaled if self.rescale.trusted() else unscaled
+            self.rescale.update(unscaled, scaled, obs, floor)
         mine, method = f, choice
         if self.guard is not None and base is not None:
             if self.guard.holds():

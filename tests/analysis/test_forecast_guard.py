@@ -138,7 +138,7 @@ def test_the_rescale_factor_minimises_the_summed_relative_error_of_the_window() 
     observed[rng.random(150) < 0.1] = 0.5  # near-zero observations: clipped, not deciding
     scale = _RelativeScale(100)
     for o in observed:
-        scale.update(100.0, float(o), floor=1.0)
+        scale.update(100.0, 100.0, float(o), floor=1.0)
     r = np.clip(observed[-100:] / 100.0, 1 / (1 + GUARD_CAP), 1 + GUARD_CAP)
     m = scale.factor()
     loss = lambda k: float(np.sum(np.abs(k - r) / r))  # noqa: E731
@@ -171,7 +171,7 @@ def dipping_scale(power: float = 1.0, limit: float = 1 + GUARD_CAP) -> _Relative
     rng = np.random.default_rng(13)
     scale = _RelativeScale(100, power=power, limit=limit)
     for o in 100.0 * rng.uniform(0.5, 1.1, 100):
-        scale.update(100.0, float(o), floor=1.0)
+        scale.update(100.0, 100.0, float(o), floor=1.0)
     return scale
 
 
@@ -192,13 +192,13 @@ def test_the_evidence_gate_uses_the_factor_only_when_most_forecasts_gain() -> No
     plain = _RelativeScale(100)
     rng = np.random.default_rng(14)
     for o in np.where(rng.random(100) < 0.15, 30.0, 100.0 * rng.uniform(0.98, 1.02, 100)):
-        few.update(100.0, float(o), floor=1.0)
-        plain.update(100.0, float(o), floor=1.0)
+        few.update(100.0, 100.0, float(o), floor=1.0)
+        plain.update(100.0, 100.0, float(o), floor=1.0)
     assert plain.factor() < 1.0 and few.factor() == 1.0
     # Every forecast 20% too high: the evidence is overwhelming, the factor is used.
     biased = _RelativeScale(100, evidence=2.0)
     for o in 80.0 * rng.uniform(0.97, 1.03, 100):
-        biased.update(100.0, float(o), floor=1.0)
+        biased.update(100.0, 100.0, float(o), floor=1.0)
     assert biased.factor() == pytest.approx(0.8, abs=0.03)
 
 
