@@ -207,6 +207,7 @@ WEAK = {
     "limit": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100, rescale_limit=1.25),
     "evidence": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100, rescale_evidence=2.0),
     "window": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=300, rescale_power=0.5),
+    "checked": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100, rescale_check=True),
 }
 
 
@@ -245,3 +246,27 @@ def test_weaker_rescale_options_are_checked() -> None:
             EnsembleConfig(LEVEL_MEMBERS, rescale=100, **bad)  # type: ignore[arg-type]
     with pytest.raises(AnalysisError, match="rescale_power"):
         EnsembleConfig(LEVEL_MEMBERS, rescale=100, rescale_evidence=-1.0)
+
+
+def test_the_checked_rescale_is_used_only_while_its_record_is_no_worse() -> None:
+    rng = np.random.default_rng(15)
+    observed = 100.0 * rng.uniform(0.8, 1.2, 20)
+    better, worse = _RelativeScale(100, check=True), _RelativeScale(100, check=True)
+    for o in observed:
+        assert not better.trusted() and not worse.trusted()  # no record yet: uncorrected
+        better.update(110.0, float(o), float(o), floor=1.0)  # corrected: exact
+        worse.update(float(o), 110.0, float(o), floor=1.0)  # uncorrected: exact
+    assert better.trusted() and not worse.trusted()
+    assert _RelativeScale(100).trusted()  # unchecked: always
+
+
+def test_the_checked_rescale_follows_the_full_one_or_none_point_by_point() -> None:
+    n = 800
+    y = noisy_level(n, seed=12)
+    full = EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100)
+    walks = walk_forward_all(
+        hourly(n), y, methods=(), ensembles={"p": UNGUARDED, "s": full, "c": WEAK["checked"]}
+    )
+    p, s, c = (np.array([f.forecast for f in walks[k]]) for k in ("p", "s", "c"))
+    assert np.all((c == p) | (c == s))
+    assert np.any((c == s) & (c != p))  # on this path the correction earned its use
