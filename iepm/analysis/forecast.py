@@ -551,7 +551,6 @@ class _RelativeScale:
     as the selector's and the guard's), so a near-zero observation weighs at most 1 + c times a
     typical one instead of deciding the factor alone.
 
-
     Weaker forms (:class:`EnsembleConfig`): the factor clipped to [1/limit, limit], raised to
     ``power`` ≤ 1 (shrunk toward 1), and used only when ``evidence`` > 0 is met by a sign test:
     of the window's forecasts, those m would have made better (|m − r| < |1 − r|) must exceed
