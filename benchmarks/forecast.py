@@ -27,7 +27,12 @@ puts the four held-out clients' points together.
 ``rescale_effect_not_held_out`` (``--with-rescale``): the default with and without the
 relative-error correction (rescale = 100), ratios to MA(5) per client and on all (not held out).
 
+``--with-weak-rescale``: × weaker forms of it (:data:`WEAK_RESCALES`: shrunk toward 1, clipped
+tighter, a longer window, only on a sign test's evidence, or only while its own record is no
+worse on P90 and mean), on the cap-3, decay-0.97 candidates.
+
 Usage: .venv/bin/python benchmarks/forecast.py [--folds halves|clients] [--with-rescale]
+[--with-weak-rescale]
 → one JSON object.
 """
 
@@ -130,6 +135,34 @@ def candidates(rescales: tuple[int, ...] = (0,)) -> dict[str, EnsembleConfig]:
 
 # --with-rescale adds each with the relative-error correction (before the walks' processes fork).
 CANDIDATES: dict[str, EnsembleConfig] = candidates()
+
+# Weaker forms of the correction (window 100 unless named): the factor shrunk toward 1
+# (m**power), clipped tighter, over a longer window, used only on a sign test's evidence, or
+# only while checked against the uncorrected forecasts.
+WEAK_RESCALES: dict[str, dict[str, float | bool]] = {
+    "power=0.25": {"rescale": 100, "rescale_power": 0.25},
+    "power=0.5": {"rescale": 100, "rescale_power": 0.5},
+    "power=0.75": {"rescale": 100, "rescale_power": 0.75},
+    "limit=1.25": {"rescale": 100, "rescale_limit": 1.25},
+    "window=300 power=0.5": {"rescale": 300, "rescale_power": 0.5},
+    "evidence=2": {"rescale": 100, "rescale_evidence": 2.0},
+    # Used only while the corrected forecasts' own record is no worse on P90 and mean.
+    "checked": {"rescale": 100, "rescale_check": True},
+    "power=0.5 checked": {"rescale": 100, "rescale_power": 0.5, "rescale_check": True},
+    "limit=1.25 checked": {"rescale": 100, "rescale_limit": 1.25, "rescale_check": True},
+}
+
+
+def weak_rescale_candidates() -> dict[str, EnsembleConfig]:
+    """Each weaker correction on the candidates with cap 3 and decay 0.97 (every fold's choice
+    in the runs with and without the full correction): member sets × blend × guard."""
+    out = {}
+    for key, config in candidates().items():
+        if config.cap != 3.0 or config.decay != 0.97:
+            continue
+        for name, weak in WEAK_RESCALES.items():
+            out[f"{key} rescale {name}"] = replace(config, **weak)  # type: ignore[arg-type]
+    return out
 
 
 def client_of(name: str) -> str:
@@ -349,9 +382,16 @@ def main() -> None:
         action="store_true",
         help="--folds clients: every candidate also with the relative-error correction",
     )
+    parser.add_argument(
+        "--with-weak-rescale",
+        action="store_true",
+        help="--folds clients: candidates with weaker forms of the correction (WEAK_RESCALES)",
+    )
     args = parser.parse_args()
     if args.with_rescale:
         CANDIDATES.update(candidates((100,)))
+    if args.with_weak_rescale:
+        CANDIDATES.update(weak_rescale_candidates())
     if args.folds == "clients":
         print(json.dumps(folds_by_client(), indent=2))
         return

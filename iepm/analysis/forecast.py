@@ -96,6 +96,15 @@ class EnsembleConfig:
     # the forecast is multiplied by the factor that would have minimised the summed relative
     # error of the series' latest forecasts.
     rescale: int = 0
+    # Weaker corrections (rescale > 0): the factor m, clipped to [1/limit, limit], is used as
+    # m**power (power < 1 shrinks it toward 1), and only where a sign test over the window says
+    # m beats 1 on more of its forecasts than chance allows (evidence: the z needed; 0 always).
+    rescale_power: float = 1.0
+    rescale_limit: float = 1.0 + GUARD_CAP
+    rescale_evidence: float = 0.0
+    # True: the correction is used only while, over its window, the corrected forecasts were no
+    # worse than the uncorrected ones on both P90 and mean relative error (both kept, causally).
+    rescale_check: bool = False
 
     def __post_init__(self) -> None:
         unknown = [m for m in (*self.members, self.default) if m not in METHODS or m == "auto"]
@@ -109,6 +118,15 @@ class EnsembleConfig:
             raise AnalysisError(f"ensemble blend must be in [0, 1), guard 0 or >= {GUARD_MIN}")
         if not (self.rescale == 0 or self.rescale >= GUARD_MIN):
             raise AnalysisError(f"ensemble rescale must be 0 or >= {GUARD_MIN}")
+        if not (
+            0 < self.rescale_power <= 1
+            and 1 < self.rescale_limit <= 1 + GUARD_CAP
+            and self.rescale_evidence >= 0
+        ):
+            raise AnalysisError(
+                f"ensemble rescale_power must be in (0, 1], rescale_limit in (1, {1 + GUARD_CAP}],"
+                " rescale_evidence >= 0"
+            )
 
     @property
     def needs_baseline(self) -> bool:
@@ -532,19 +550,67 @@ class _RelativeScale:
     clipped to [1/(1 + c), 1 + c], c = :data:`GUARD_CAP` (relative errors beyond c count as c,
     as the selector's and the guard's), so a near-zero observation weighs at most 1 + c times a
     typical one instead of deciding the factor alone.
+
+    Weaker forms (:class:`EnsembleConfig`): the factor clipped to [1/limit, limit], raised to
+    ``power`` ≤ 1 (shrunk toward 1), and used only when ``evidence`` > 0 is met by a sign test:
+    of the window's forecasts, those m would have made better (|m − r| < |1 − r|) must exceed
+    half by ``evidence`` binomial standard deviations; otherwise the factor is 1. With ``check``
+    the factor is used only while the corrected forecasts, recorded beside the uncorrected ones
+    over the window, were no worse on both P90 and mean (:meth:`trusted`).
     """
 
-    def __init__(self, window: int) -> None:
+    def __init__(
+        self,
+        window: int,
+        power: float = 1.0,
+        limit: float = 1.0 + GUARD_CAP,
+        evidence: float = 0.0,
+        check: bool = False,
+    ) -> None:
         self.ratios: deque[float] = deque(maxlen=window)
+        self.power = power
+        self.limit = limit
+        self.evidence = evidence
+        # With check: the record of the corrected and the uncorrected forecasts, side by side.
+        self.record = (_ErrorWindow(window), _ErrorWindow(window)) if check else None
+
+    def trusted(self) -> bool:
+        """Whether to use the factor: always without check; with it, while the corrected
+        forecasts' record over the window is no worse on P90 and mean (uncapped: the mean is
+        the seeds' own metric, which the near-zero observations decide)."""
+        if self.record is None:
+            return True
+        scaled, plain = self.record
+        return (
+            len(scaled) >= GUARD_MIN
+            and scaled.quantile(0.9) <= plain.quantile(0.9)
+            and scaled.mean() <= plain.mean()
+        )
 
     def factor(self) -> float:
-        if len(self.ratios) < GUARD_MIN:
+        n = len(self.ratios)
+        if n < GUARD_MIN:
             return 1.0
         r = np.sort(np.fromiter(self.ratios, dtype=np.float64))
         weight = np.cumsum(1.0 / r)
-        return float(r[int(np.searchsorted(weight, 0.5 * weight[-1]))])
+        m = float(r[int(np.searchsorted(weight, 0.5 * weight[-1]))])
+        m = min(max(m, 1.0 / self.limit), self.limit)
+        if self.evidence > 0:
+            # m beats 1 exactly where r lies beyond the midpoint (1 + m)/2 on m's side.
+            mid = 0.5 * (1.0 + m)
+            better = (
+                int(np.searchsorted(r, mid)) if m < 1 else n - int(np.searchsorted(r, mid, "right"))
+            )
+            if better - 0.5 * n <= self.evidence * 0.5 * math.sqrt(n):
+                return 1.0
+        return m**self.power
 
-    def update(self, f: float, observed: float, floor: float) -> None:
+    def update(self, f: float, scaled: float, observed: float, floor: float) -> None:
+        """Learn from ``observed``: ``f`` was the uncorrected forecast, ``scaled`` the corrected."""
+        if self.record is not None:
+            scale = max(abs(observed), floor)
+            for window, g in zip(self.record, (scaled, f), strict=True):
+                window.add(min(abs(observed - g) / scale, 1e6))
         r = observed / max(f, floor)
         self.ratios.append(min(max(r, 1.0 / (1.0 + GUARD_CAP)), 1.0 + GUARD_CAP))
 
@@ -577,7 +643,17 @@ class _Ensemble:
         self.config = config
         self.choice = choice
         self.guard = _Guard(config.guard) if config.guard else None
-        self.rescale = _RelativeScale(config.rescale) if config.rescale else None
+        self.rescale = (
+            _RelativeScale(
+                config.rescale,
+                config.rescale_power,
+                config.rescale_limit,
+                config.rescale_evidence,
+                config.rescale_check,
+            )
+            if config.rescale
+            else None
+        )
         self.band = ConformalBand(coverage)
 
     def step(
@@ -593,9 +669,9 @@ class _Ensemble:
         if base is not None:
             f = (1 - self.config.blend) * f + self.config.blend * base
         if self.rescale is not None:
-            unscaled = f
-            f *= self.rescale.factor()
-            self.rescale.update(unscaled, obs, floor)
+            unscaled, scaled = f, f * self.rescale.factor()
+            f = scaled if self.rescale.trusted() else unscaled
+            self.rescale.update(unscaled, scaled, obs, floor)
         mine, method = f, choice
         if self.guard is not None and base is not None:
             if self.guard.holds():

@@ -138,7 +138,7 @@ def test_the_rescale_factor_minimises_the_summed_relative_error_of_the_window() 
     observed[rng.random(150) < 0.1] = 0.5  # near-zero observations: clipped, not deciding
     scale = _RelativeScale(100)
     for o in observed:
-        scale.update(100.0, float(o), floor=1.0)
+        scale.update(100.0, 100.0, float(o), floor=1.0)
     r = np.clip(observed[-100:] / 100.0, 1 / (1 + GUARD_CAP), 1 + GUARD_CAP)
     m = scale.factor()
     loss = lambda k: float(np.sum(np.abs(k - r) / r))  # noqa: E731
@@ -164,3 +164,109 @@ def test_rescale_lowers_the_relative_error_on_a_path_that_dips_and_sees_only_the
     assert [f.forecast for f in other if f.index <= 500] == [
         f.forecast for f in s if f.index <= 500
     ]
+
+
+def dipping_scale(power: float = 1.0, limit: float = 1 + GUARD_CAP) -> _RelativeScale:
+    """A window whose ratios o/f favour a factor below 1 (the observations dip)."""
+    rng = np.random.default_rng(13)
+    scale = _RelativeScale(100, power=power, limit=limit)
+    for o in 100.0 * rng.uniform(0.5, 1.1, 100):
+        scale.update(100.0, 100.0, float(o), floor=1.0)
+    return scale
+
+
+@pytest.mark.parametrize("power", [0.25, 0.5, 0.75])
+def test_a_weaker_rescale_shrinks_the_factor_toward_1(power: float) -> None:
+    full = dipping_scale().factor()
+    weak = dipping_scale(power=power).factor()
+    assert full < weak < 1.0
+    assert weak == pytest.approx(full**power)
+    tight = dipping_scale(limit=1.25).factor()
+    assert full < 0.8 and tight == pytest.approx(0.8)  # the tighter clip bounds it
+
+
+def test_the_evidence_gate_uses_the_factor_only_when_most_forecasts_gain() -> None:
+    # Mostly at the forecast, a few deep dips: the factor is below 1 for the dips' sake, but
+    # most forecasts would lose by it, so a sign test does not let it through.
+    few = _RelativeScale(100, evidence=2.0)
+    plain = _RelativeScale(100)
+    rng = np.random.default_rng(14)
+    for o in np.where(rng.random(100) < 0.15, 30.0, 100.0 * rng.uniform(0.98, 1.02, 100)):
+        few.update(100.0, 100.0, float(o), floor=1.0)
+        plain.update(100.0, 100.0, float(o), floor=1.0)
+    assert plain.factor() < 1.0 and few.factor() == 1.0
+    # Every forecast 20% too high: the evidence is overwhelming, the factor is used.
+    biased = _RelativeScale(100, evidence=2.0)
+    for o in 80.0 * rng.uniform(0.97, 1.03, 100):
+        biased.update(100.0, 100.0, float(o), floor=1.0)
+    assert biased.factor() == pytest.approx(0.8, abs=0.03)
+
+
+WEAK = {
+    "power": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100, rescale_power=0.5),
+    "limit": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100, rescale_limit=1.25),
+    "evidence": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100, rescale_evidence=2.0),
+    "window": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=300, rescale_power=0.5),
+    "checked": EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100, rescale_check=True),
+}
+
+
+def test_weaker_rescales_leave_a_constant_series_unchanged() -> None:
+    y = np.full(300, 42.5)
+    walks = walk_forward_all(hourly(300), y, methods=(), ensembles={"p": UNGUARDED, **WEAK})
+    for name in WEAK:
+        assert [f.forecast for f in walks[name]] == [f.forecast for f in walks["p"]]
+        assert all(f.forecast == 42.5 for f in walks[name])
+
+
+def test_weaker_rescales_sit_between_none_and_the_full_one_and_see_only_the_past() -> None:
+    n = 800
+    y = noisy_level(n, seed=12)
+    full = EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100)
+    walks = walk_forward_all(
+        hourly(n), y, methods=(), ensembles={"p": UNGUARDED, "s": full, **WEAK}
+    )
+    p, s, half = (np.array([f.forecast for f in walks[k]]) for k in ("p", "s", "power"))
+    # factor**0.5 lies between 1 and the factor: so does the forecast, point by point.
+    assert np.all(np.minimum(p, s) <= half * (1 + 1e-12))
+    assert np.all(half <= np.maximum(p, s) * (1 + 1e-12))
+    assert np.any(half != p) and np.any(half != s)
+    z = y.copy()
+    z[500:] = z[500:][::-1] * 0.5  # a different future changes nothing before it
+    other = walk_forward_all(hourly(n), z, methods=(), ensembles=WEAK)
+    for name in WEAK:
+        assert [f.forecast for f in other[name] if f.index <= 500] == [
+            f.forecast for f in walks[name] if f.index <= 500
+        ]
+
+
+def test_weaker_rescale_options_are_checked() -> None:
+    for bad in ({"rescale_power": 0.0}, {"rescale_power": 1.5}, {"rescale_limit": 1.0}):
+        with pytest.raises(AnalysisError, match="rescale_power"):
+            EnsembleConfig(LEVEL_MEMBERS, rescale=100, **bad)  # type: ignore[arg-type]
+    with pytest.raises(AnalysisError, match="rescale_power"):
+        EnsembleConfig(LEVEL_MEMBERS, rescale=100, rescale_evidence=-1.0)
+
+
+def test_the_checked_rescale_is_used_only_while_its_record_is_no_worse() -> None:
+    rng = np.random.default_rng(15)
+    observed = 100.0 * rng.uniform(0.8, 1.2, 20)
+    better, worse = _RelativeScale(100, check=True), _RelativeScale(100, check=True)
+    for o in observed:
+        assert not better.trusted() and not worse.trusted()  # no record yet: uncorrected
+        better.update(110.0, float(o), float(o), floor=1.0)  # corrected: exact
+        worse.update(float(o), 110.0, float(o), floor=1.0)  # uncorrected: exact
+    assert better.trusted() and not worse.trusted()
+    assert _RelativeScale(100).trusted()  # unchecked: always
+
+
+def test_the_checked_rescale_follows_the_full_one_or_none_point_by_point() -> None:
+    n = 800
+    y = noisy_level(n, seed=12)
+    full = EnsembleConfig(LEVEL_MEMBERS, cap=3.0, rescale=100)
+    walks = walk_forward_all(
+        hourly(n), y, methods=(), ensembles={"p": UNGUARDED, "s": full, "c": WEAK["checked"]}
+    )
+    p, s, c = (np.array([f.forecast for f in walks[k]]) for k in ("p", "s", "c"))
+    assert np.all((c == p) | (c == s))
+    assert np.any((c == s) & (c != p))  # on this path the correction earned its use
