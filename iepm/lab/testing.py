@@ -11,13 +11,15 @@ fixtures; another test directory can do the same in a few lines::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -99,36 +101,29 @@ def timer_lateness_us(
     return figures
 
 
-class HostTimer:
-    """:func:`timer_lateness_us` over a whole block (``with HostTimer() as timer: …``, then
-    ``timer.figures``), waking every ``period_us`` (1 ms: a light load beside the block's)."""
-
-    def __init__(self, period_us: int = 1000, late_us: float = 120) -> None:
-        self.argv = _meter_argv(period_us, 10**9, late_us)
-        self.figures: dict[str, float] = {}
-        self._proc: subprocess.Popen[str] | None = None
-
-    def __enter__(self) -> HostTimer:
-        self._proc = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, text=True, start_new_session=True
-        )
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._proc is not None
-        self._proc.terminate()
+@contextlib.contextmanager
+def host_timer(period_us: int = 1000, late_us: float = 120) -> Iterator[dict[str, float]]:
+    """:func:`timer_lateness_us` over a whole block: ``with host_timer() as figures: …``, the
+    dict filled when the block ends. Wakes every ``period_us`` (1 ms: a light load beside the
+    block's)."""
+    figures: dict[str, float] = {}
+    proc = subprocess.Popen(
+        _meter_argv(period_us, 10**9, late_us),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield figures
+    finally:
+        proc.terminate()  # the meter prints its figures at SIGTERM
         try:
-            out, _ = self._proc.communicate(timeout=30)
+            out, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, 9)
-            out, _ = self._proc.communicate()
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
         if out.strip():
-            self.figures = json.loads(out)
+            figures.update(json.loads(out))
 
 
 def sweep_stale_labs() -> list[str]:

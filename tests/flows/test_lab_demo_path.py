@@ -18,7 +18,7 @@ from iepm import demo, tomlload
 from iepm.flows.compare import match
 from iepm.flows.store import read_flows
 from iepm.lab import Lab
-from iepm.lab.testing import HostTimer, LabFactory
+from iepm.lab.testing import LabFactory, host_timer
 from iepm.probes import get_probe
 from iepm.probes.base import ProbeContext
 from iepm.results import Result
@@ -74,7 +74,7 @@ def test_the_demo_softflowd_on_kek_path_drops_nothing_and_formula_1_meets_5_perc
     server = lab.popen("kek", ["iperf3", "-s", "-p", str(PORT), "-B", lab.address("kek")])
     try:
         wait_until(lambda: listening(lab, "kek", PORT), 10, "iperf3 server")
-        with HostTimer() as host:  # how late the host was during the tests, for a failure
+        with host_timer() as host:  # how late the host was during the tests, for a failure
             results = [tuned_iperf3(lab) for _ in range(TESTS)]
         assert {r.params["window"] for r in results} == {"512K"}
         stats = lab.exec("mon", ["softflowctl", "-c", str(control), "statistics"], 10).stdout
@@ -100,8 +100,7 @@ def test_the_demo_softflowd_on_kek_path_drops_nothing_and_formula_1_meets_5_perc
             except AssertionError as exc:
                 log = (tmp_path / "collector.log").read_text(errors="replace")[-800:]
                 raise AssertionError(
-                    f"{exc}; {seen}; host during the tests {host.figures}; {stats}; "
-                    f"collector: {log}"
+                    f"{exc}; {seen}; host during the tests {host}; {stats}; collector: {log}"
                 ) from None
             found, _ = match(results, list(read_flows(archive)))
     finally:
