@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from iepm.analysis.statistics import exact_unit
+
 FloatArray = npt.NDArray[np.float64]
 
 # Chosen on the tune half of rtt-changes/ (see benchmarks/changes.py), never on the test half.
@@ -208,8 +210,7 @@ def finite_samples(y: Sequence[float] | FloatArray) -> tuple[FloatArray, npt.NDA
 def unit_scaled(x: FloatArray) -> FloatArray:
     """``x`` divided by a power of two near its largest magnitude: exact, and squares of huge
     values stay finite (the kernel costs expect magnitudes near 1)."""
-    top = float(np.max(np.abs(x))) if x.size else 0.0
-    return x / (math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0)
+    return x / exact_unit(x)
 
 
 def segment(
@@ -413,8 +414,7 @@ class KernelDetector:
         # The noise scale of the recent history changes slowly: refresh it every 10 samples.
         if self._scale_age <= 0:
             recent = np.fromiter(self._recent, dtype=np.float64)
-            top = float(np.max(np.abs(recent)))
-            unit = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0
+            unit = exact_unit(recent)
             with np.errstate(all="ignore"):
                 self._scale = _bandwidth(recent / unit, 1.0) * unit
             self._scale_age = 10

@@ -25,6 +25,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import OptimizeWarning, curve_fit
 
+from iepm.analysis.statistics import exact_unit
+
 FloatArray = npt.NDArray[np.float64]
 
 DAY = 86400.0
@@ -81,7 +83,7 @@ def fit_sine(x: FloatArray, y: FloatArray, site_b: float = math.pi / 2) -> SineF
         return _fit_sine(x, y, site_b)
     # Fit in units of a power of two near the largest value (exact scaling): squares of values
     # near the float limit would overflow, and tiny ones would underflow.
-    unit = math.ldexp(1.0, math.frexp(top)[1] - 1)
+    unit = exact_unit(y)
     f = _fit_sine(x, y / unit, site_b)
     return replace(
         f,

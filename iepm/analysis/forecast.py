@@ -69,6 +69,7 @@ import numpy.typing as npt
 from iepm.analysis.changes import OnlineDetector
 from iepm.analysis.methods import BASELINES, METHODS, START
 from iepm.analysis.series import AnalysisError
+from iepm.analysis.statistics import exact_unit
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -732,8 +733,7 @@ def walk_forward_all(
         raise AnalysisError(f"unknown method {unknown[0]!r}; choose one of {', '.join(METHODS)}")
     # Work in units of (a power of two near) the largest magnitude: no overflow in squares, and
     # scaling by a power of two is exact, so no forecast depends on a later value by rounding.
-    top = float(np.max(np.abs(ya))) if ya.size else 0.0
-    unit = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0
+    unit = exact_unit(ya)
     yn = ya / unit
     configs = dict(ensembles or {})
     clash = [n for n in configs if n in METHODS]

@@ -6,6 +6,7 @@ buckets (UTC hours, days, ISO weeks, months) and their count/min/mean/max/median
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
@@ -46,6 +47,13 @@ class Bucket(NamedTuple):
     mean: float
     max: float
     median: float
+
+
+def exact_unit(x: FloatArray) -> float:
+    """A power of two near the largest magnitude of ``x`` (1 when it is empty or all zeros):
+    dividing by it is exact, keeps squares of huge values finite and tiny ones from vanishing."""
+    top = float(np.max(np.abs(x))) if x.size else 0.0
+    return math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0
 
 
 def at(t: float) -> datetime:
