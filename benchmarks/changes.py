@@ -49,7 +49,13 @@ rule's constants (and bandwidth 8 or 12) are chosen by leave-one-file-out CV on 
 the rule among rules likewise, and each is scored once on the test half; the test half's own
 best constants are printed beside them as hindsight, never as a result.
 
+``--excursions`` asks how each half labels short excursions (a label within 25 samples of
+another: an excursion's start and end) and how the defaults' true and false positives split
+between such short detections and the others; and, with hindsight, the online detector waiting
+for a 4th sample of the new level (bandwidth 8/12 × penalty 5/6/7) on each half.
+
 Usage: .venv/bin/python benchmarks/changes.py [--ceiling] [--per-trace] [--penalty-rules]
+[--excursions]
 → one JSON object.
 """
 
@@ -520,6 +526,94 @@ def penalty_rules(split: dict[str, str]) -> dict[str, object]:
     return out
 
 
+SHORT_GAP = 25  # samples: a label or detection this close to another is part of an excursion
+# --excursions: the online detector waiting for a 4th sample of the new level, hindsight only.
+CONFIRM4_GRID = [(b, p) for b in (8.0, 12.0) for p in (5.0, 6.0, 7.0)]
+
+
+def _short(points: Sequence[int]) -> set[int]:
+    """The points within SHORT_GAP samples of another one (an excursion's start and end)."""
+    pts = sorted(set(points))
+    return {
+        x
+        for i, x in enumerate(pts)
+        if (i > 0 and x - pts[i - 1] <= SHORT_GAP)
+        or (i + 1 < len(pts) and pts[i + 1] - x <= SHORT_GAP)
+    }
+
+
+def _excursion_job(name: str) -> dict[str, object]:
+    clean, labels = load(DATA / name)
+    found = {
+        "offline": [cp.index for cp in segment(clean)],
+        "online": [a.index for a in detect_online(clean)],
+    }
+    out: dict[str, object] = {"labels": len(labels), "labels_short": len(_short(labels))}
+    for kind, det in found.items():
+        matched = {d for d, _ in match(det, labels)}
+        short = _short(det)
+        out[kind] = {
+            "tp_short": len(matched & short),
+            "fp_short": len(short - matched),
+            "tp_other": len(matched - short),
+            "fp_other": len(set(det) - matched - short),
+        }
+    return out
+
+
+def _confirm4_job(job: tuple[str, float, float]) -> tuple[str, float, float, float, list[int]]:
+    name, bandwidth, penalty = job
+    clean, labels = load(DATA / name)
+    alerts = detect_online(clean, penalty=penalty, bandwidth=bandwidth, confirm=4)
+    at = {a.index: (a.index if a.alert_index is None else a.alert_index) for a in alerts}
+    delays = [at[d] - lab for d, lab in match(list(at), labels)]
+    return name, bandwidth, penalty, prf(list(at), labels)[2], delays
+
+
+def excursions(split: dict[str, str]) -> dict[str, object]:
+    """How each half's labels treat short excursions, and what that does to the detectors.
+
+    A label (or detection) is "short" when another lies within SHORT_GAP samples: the start and
+    end of an excursion. Per half: the share of labels that are short, and the detectors'
+    (defaults) true and false positives among short and other detections. Then, with hindsight,
+    the online detector confirming on the 4th sample instead of the 3rd, per half.
+    """
+    names = list(split)
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        per_file = dict(zip(names, pool.map(_excursion_job, names), strict=True))
+        grid = list(pool.map(_confirm4_job, [(n, b, p) for b, p in CONFIRM4_GRID for n in names]))
+    out: dict[str, object] = {"short_gap_samples": SHORT_GAP}
+    for part in ("tune", "test"):
+        files = [n for n in names if split[n] == part]
+        labels = sum(int(per_file[n]["labels"]) for n in files)  # type: ignore[call-overload]
+        short = sum(int(per_file[n]["labels_short"]) for n in files)  # type: ignore[call-overload]
+        summary: dict[str, object] = {"labels": labels, "labels_short": short}
+        for kind in ("offline", "online"):
+            tally = {
+                k: sum(int(per_file[n][kind][k]) for n in files)  # type: ignore[index]
+                for k in ("tp_short", "fp_short", "tp_other", "fp_other")
+            }
+            for sort in ("short", "other"):
+                tp, fp = tally[f"tp_{sort}"], tally[f"fp_{sort}"]
+                tally[f"precision_{sort}"] = round(tp / (tp + fp), 3) if tp + fp else None  # type: ignore[assignment]
+            summary[kind] = tally
+        summary["online_confirm4_with_hindsight"] = [
+            {
+                "bandwidth": b,
+                "penalty": p,
+                "f1": round(
+                    float(np.mean([r[3] for r in grid if r[0] in files and r[1:3] == (b, p)])), 3
+                ),
+                "median_delay": float(
+                    np.median([d for r in grid if r[0] in files and r[1:3] == (b, p) for d in r[4]])
+                ),
+            }
+            for b, p in CONFIRM4_GRID
+        ]
+        out[part] = summary
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ceiling", action="store_true", help="add the hindsight ceilings")
@@ -528,6 +622,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--penalty-rules", action="store_true", help="add per-trace penalties chosen without labels"
+    )
+    parser.add_argument(
+        "--excursions",
+        action="store_true",
+        help="add how each half labels short excursions, and the online detector on a 4th sample",
     )
     args = parser.parse_args()
     import ruptures as rpt
@@ -629,6 +728,10 @@ def main() -> None:
         t0 = time.monotonic()
         result["penalty_rules"] = penalty_rules(split)
         timing["penalty_rules"] = time.monotonic() - t0
+    if args.excursions:
+        t0 = time.monotonic()
+        result["excursions"] = excursions(split)
+        timing["excursions"] = time.monotonic() - t0
     result["seconds"] = {k: round(v, 1) for k, v in timing.items()}
     result["total_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))
