@@ -184,6 +184,15 @@ def load(path: Path) -> tuple[np.ndarray, list[int]]:
     return np.where(s.y > 0, s.y, np.nan), labels
 
 
+def _online_f1(clean: np.ndarray, labels: list[int], **options: float) -> tuple[float, list[int]]:
+    """F1 of :func:`detect_online` (``options``: its parameters) on the reported change indices,
+    and the delays (alert index − label) of the matched labels."""
+    alerts = detect_online(clean, **options)
+    at = {a.index: (a.index if a.alert_index is None else a.alert_index) for a in alerts}
+    delays = [at[d] - lab for d, lab in match(list(at), labels)]
+    return prf(list(at), labels)[2], delays
+
+
 def _setting_f1(
     job: tuple[str, str, float, float],
 ) -> tuple[str, str, float, float, float, list[int]]:
@@ -193,10 +202,8 @@ def _setting_f1(
     if kind == "offline":
         found = [cp.index for cp in segment(clean, penalty=penalty, bandwidth=bandwidth)]
         return kind, name, bandwidth, penalty, prf(found, labels)[2], []
-    alerts = detect_online(clean, penalty=penalty, bandwidth=bandwidth)
-    at = {a.index: (a.index if a.alert_index is None else a.alert_index) for a in alerts}
-    delays = [at[d] - lab for d, lab in match(list(at), labels)]
-    return kind, name, bandwidth, penalty, prf(list(at), labels)[2], delays
+    f1, delays = _online_f1(clean, labels, penalty=penalty, bandwidth=bandwidth)
+    return kind, name, bandwidth, penalty, f1, delays
 
 
 Row = tuple[str, str, float, float, float, list[int]]
@@ -567,10 +574,8 @@ def _excursion_job(name: str) -> dict[str, object]:
 def _confirm4_job(job: tuple[str, float, float]) -> tuple[str, float, float, float, list[int]]:
     name, bandwidth, penalty = job
     clean, labels = load(DATA / name)
-    alerts = detect_online(clean, penalty=penalty, bandwidth=bandwidth, confirm=4)
-    at = {a.index: (a.index if a.alert_index is None else a.alert_index) for a in alerts}
-    delays = [at[d] - lab for d, lab in match(list(at), labels)]
-    return name, bandwidth, penalty, prf(list(at), labels)[2], delays
+    f1, delays = _online_f1(clean, labels, penalty=penalty, bandwidth=bandwidth, confirm=4)
+    return name, bandwidth, penalty, f1, delays
 
 
 def excursions(split: dict[str, str]) -> dict[str, object]:
@@ -623,10 +628,8 @@ ONLINE_WINDOWS = (100, 200, 300, 400)  # --online-window: samples the online det
 def _window_job(job: tuple[str, int]) -> tuple[str, int, float, list[int]]:
     name, window = job
     clean, labels = load(DATA / name)
-    alerts = detect_online(clean, window=window)
-    at = {a.index: (a.index if a.alert_index is None else a.alert_index) for a in alerts}
-    delays = [at[d] - lab for d, lab in match(list(at), labels)]
-    return name, window, prf(list(at), labels)[2], delays
+    f1, delays = _online_f1(clean, labels, window=window)
+    return name, window, f1, delays
 
 
 def online_window(split: dict[str, str]) -> dict[str, object]:
@@ -765,26 +768,18 @@ def main() -> None:
         {"file": r["file"], "split": r["split"], **{m: round(r[m]["f1"], 3) for m in methods}}  # type: ignore[index]
         for r in rows
     ]
-    if args.ceiling:
-        t0 = time.monotonic()
-        result["ceiling_with_hindsight"] = ceiling(split)
-        timing["ceiling"] = time.monotonic() - t0
-    if args.per_trace:
-        t0 = time.monotonic()
-        result["per_trace"] = per_trace(split)
-        timing["per_trace"] = time.monotonic() - t0
-    if args.penalty_rules:
-        t0 = time.monotonic()
-        result["penalty_rules"] = penalty_rules(split)
-        timing["penalty_rules"] = time.monotonic() - t0
-    if args.excursions:
-        t0 = time.monotonic()
-        result["excursions"] = excursions(split)
-        timing["excursions"] = time.monotonic() - t0
-    if args.online_window:
-        t0 = time.monotonic()
-        result["online_window"] = online_window(split)
-        timing["online_window"] = time.monotonic() - t0
+    parts = {
+        "ceiling_with_hindsight": (args.ceiling, ceiling),
+        "per_trace": (args.per_trace, per_trace),
+        "penalty_rules": (args.penalty_rules, penalty_rules),
+        "excursions": (args.excursions, excursions),
+        "online_window": (args.online_window, online_window),
+    }
+    for key, (wanted, part_fn) in parts.items():
+        if wanted:
+            t0 = time.monotonic()
+            result[key] = part_fn(split)
+            timing[key.removesuffix("_with_hindsight")] = time.monotonic() - t0
     result["seconds"] = {k: round(v, 1) for k, v in timing.items()}
     result["total_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))
