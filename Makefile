@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml scripts/install-system-deps.sh
 	touch $(STAMP)
 
 lint: deps
-	$(BIN)/ruff check iepm tests benchmarks
-	$(BIN)/ruff format --check iepm tests benchmarks
+	$(BIN)/ruff check iepm testkit tests benchmarks
+	$(BIN)/ruff format --check iepm testkit tests benchmarks
 
 test: deps lint
 	$(BIN)/pytest

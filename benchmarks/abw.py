@@ -57,7 +57,7 @@ from iepm.lab import Lab
 from iepm.probes import abw, iperf3
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
-from tests.remote.conftest import running_agent
+from testkit.agent import running_agent
 
 PATHS = "10:0,10:0.7,50:0.3,100:0,100:0.5,200:0.7,500:0,500:0.3"
 LINK = "mon-tg"

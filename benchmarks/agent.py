@@ -36,15 +36,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from iepm.remote.trust import new_token, token_digest
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from testkit.net import free_port
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -7,7 +7,7 @@ of pings (one every 10 minutes: 52,560 rows) as TSV. Each figure has a ``baselin
 work done with the driver alone (sqlite3 / psycopg ``executemany``, plain ``SELECT`` + JSON
 decoding, hand-joined TSV) on an identical, separate database; ``ratio`` is our time divided by
 the baseline's time (1.0: our layer costs nothing). PostgreSQL runs on a private, durable server
-started with tests/pg.py, or on ``--pg-url`` (a database on a server where we may create and
+started with testkit/pg.py, or on ``--pg-url`` (a database on a server where we may create and
 drop scratch databases). Prints one JSON object.
 
     .venv/bin/python benchmarks/archive.py [--n 1000000] [--single 2000] [--pg-url URL | --no-pg]
@@ -34,14 +34,14 @@ from psycopg import sql
 from psycopg.types.json import Json
 from sqlalchemy import make_url
 
-# tests/pg.py (the PostgreSQL launcher) lives beside the package, not in it.
+# testkit/pg.py (the PostgreSQL launcher) lives beside the package, not in it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from iepm.export import export
 from iepm.probes import ping
 from iepm.results import Result
 from iepm.store import Archive
-from tests.pg import find_bindir, running_server
+from testkit.pg import find_bindir, running_server
 
 YEAR_START = datetime(2025, 1, 1, tzinfo=UTC)
 YEAR_TARGET = "year-target"

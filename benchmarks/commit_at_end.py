@@ -2,7 +2,7 @@
 mount, blkio cgroup).
 
 On a target whose disk is slower than its network (ext4 on a loop device, write-back throttled
-to ``--disk-mib-s``; see tests/slowdisk.py), through the target's iepm agent
+to ``--disk-mib-s``; see testkit/slowdisk.py), through the target's iepm agent
 on loopback, in one run:
 
 * ``figure``: xrdcp_disk 64 MB with ``commit = "at_end"``, committed throughput;
@@ -34,8 +34,8 @@ from iepm.config import AgentAccess
 from iepm.probes import xrdcp_disk
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
-from tests.remote.conftest import running_agent
-from tests.slowdisk import slow_disk
+from testkit.agent import running_agent
+from testkit.slowdisk import slow_disk
 
 
 def copy(ctx: ProbeContext, size: str, commit: str, source_dir: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ two bandwidth tests (iperf3, exclusive) between them. Measured: the monitor's RS
 (start, end, max, and the growth after the first period), the results per target, and the
 archive's growth against the growth predicted *before* the run from the row's shape (see
 ``predict_row_bytes``); the year's cost follows from the measured growth. The same run on SQLite
-and on a private PostgreSQL (tests/pg.py).
+and on a private PostgreSQL (testkit/pg.py).
 
     .venv/bin/python benchmarks/continuous_ping.py [--targets 20] [--minutes 10] [--no-pg]
 
@@ -40,7 +40,7 @@ from iepm.probes import ping
 from iepm.probes.base import ProbeContext, result_from_raw
 from iepm.runner import RawRun, start_process_sync
 from iepm.store import Archive
-from tests.helpers import iperf3_server
+from testkit.net import iperf3_server
 
 MINUTES_PER_YEAR = 365 * 24 * 60
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/ping"
@@ -286,7 +286,7 @@ def run_continuous(
 
 @contextlib.contextmanager
 def pg_url() -> Iterator[str | None]:
-    from tests.pg import find_bindir, running_server
+    from testkit.pg import find_bindir, running_server
 
     bindir = find_bindir()
     if bindir is None:

@@ -30,9 +30,9 @@ from iepm.probes import facts, load
 from iepm.probes.base import ProbeContext
 from iepm.remote.access import AgentAccess
 from iepm.remote.lease import AgentServers, SshServers
-from tests.helpers import free_port
-from tests.remote.conftest import running_agent
-from tests.remote.sshd import private_sshd
+from testkit.agent import running_agent
+from testkit.net import free_port
+from testkit.sshd import private_sshd
 
 
 def median_s(ctx: ProbeContext, module: object, spec: object, runs: int) -> float:

@@ -39,7 +39,9 @@ from iepm.config import Config, load_config_text
 from iepm.results import Result
 from iepm.scheduler import Scheduler
 from iepm.store import Archive
-from tests.engine.faults import Postgres, fill, private_postgres, thawed_after, tmpfs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from testkit.faults import Postgres, fill, private_postgres, thawed_after, tmpfs
 
 RESULT_LINE = re.compile(r"^\S+ (\S+) (\S+) (ok|failed|timeout|skipped): .* \[([0-9a-f]{32})\]$")
 LAYOUTS = ("raw-log", "shared", "archive-only")

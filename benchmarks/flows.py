@@ -28,7 +28,7 @@ goes to both collectors, which get the same socket receive buffer. nfcapd writes
   beside nfcapd's sustained loss-free rate and iepm's stored/s of the same run, with the ratios.
 
 iepm's memory is the peak RSS (VmHWM) of its two processes (receiver + worker). PostgreSQL is a
-durable server (fsync on) started for the run (tests/pg.py), or ``--pg-url``. Prints one JSON
+durable server (fsync on) started for the run (testkit/pg.py), or ``--pg-url``. Prints one JSON
 object; each step also goes to stderr as it ends.
 
     .venv/bin/python benchmarks/flows.py [--parts ceiling,store,receive,sustained]
@@ -63,7 +63,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -73,8 +72,9 @@ from iepm.flows.collector import PROGRESS  # noqa: E402
 from iepm.flows.decode import Decoder  # noqa: E402
 from iepm.flows.records import FlowColumns  # noqa: E402
 from iepm.store import Archive  # noqa: E402
-from tests.flows import encoder as enc  # noqa: E402  (the independent encoder of the tests)
-from tests.pg import find_bindir, running_server  # noqa: E402
+from testkit import flow_encoder as enc  # noqa: E402  (the independent encoder of the tests)
+from testkit.net import free_port  # noqa: E402
+from testkit.pg import find_bindir, running_server  # noqa: E402
 
 RECORDS_PER_PACKET = 30
 TEMPLATE_EVERY = 20
@@ -106,12 +106,6 @@ def udp_queue(port: int) -> int | None:
         ["ss", "-Huln", f"sport = :{port}"], capture_output=True, text=True, timeout=5
     ).stdout.split()
     return int(out[1]) if len(out) > 1 else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Stream:
@@ -206,7 +200,7 @@ def vm_hwm_kb(pid: int | None) -> int:
 
 class Nfcapd:
     def __init__(self, work: Path) -> None:
-        self.port = free_port()
+        self.port = free_port(udp=True)
         self.dir = work / f"nf-{self.port}"
         self.dir.mkdir()
         self.proc = subprocess.Popen(
@@ -235,7 +229,7 @@ class Iepm:
     """``iepm flows collect`` with progress lines: records decoded and committed, over time."""
 
     def __init__(self, db: str) -> None:
-        self.port = free_port()
+        self.port = free_port(udp=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "iepm.cli", "flows", "collect", "--listen",
              f"127.0.0.1:{self.port}", "--db", db, "--rcvbuf-bytes", str(RCVBUF),

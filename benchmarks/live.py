@@ -7,7 +7,7 @@ its publish time); ``--streams`` clients (one asyncio loop, httpx) follow the st
 sample's delivery latency is its arrival time minus its publish time (same host clock).
 Baseline: the same with one client, same server, same run. Also the server's CPU seconds per
 second of each phase (from /proc), which shows the cost of fan-out: every stream reads the
-watcher's ring, not the archive. PostgreSQL is a private throwaway cluster (tests/pg.py).
+watcher's ring, not the archive. PostgreSQL is a private throwaway cluster (testkit/pg.py).
 Prints one JSON object.
 
     .venv/bin/python benchmarks/live.py [--streams 50] [--seconds 10] [--interval-s 0.1]
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from iepm.store import Archive, live
 from iepm.store.live import LiveSample
-from tests.helpers import free_port
+from testkit.net import free_port
 
 START_TIMEOUT_S = 90.0
 TICKS_S = os.sysconf("SC_CLK_TCK")
@@ -181,7 +181,7 @@ def main() -> None:
                 url = f"sqlite:///{Path(tmp) / 'archive.db'}"
                 out["backends"]["sqlite"] = run(url, args.streams, args.seconds, args.interval_s)
         elif backend == "postgresql":
-            from tests.pg import find_bindir, running_server
+            from testkit.pg import find_bindir, running_server
 
             bindir = find_bindir()
             if bindir is None:

@@ -155,7 +155,7 @@ def build(url: str, n: int, days: int, seed: int) -> dict[str, Any]:
 
 
 def _writer(url: str, name: str, ready: Any, go: Any, seconds: float, out: Any) -> None:
-    from tests.store import sample
+    from testkit import sample
 
     try:
         archive = Archive.open(url)

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from iepm.probes import iperf3, rsync, rsync_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
-from tests.helpers import free_port, iperf3_server
-from tests.remote.sshd import private_sshd
+from testkit.net import free_port, iperf3_server
+from testkit.sshd import private_sshd
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ process, started as a user starts it: `iepm serve --workers N` (default 2, one p
 Pages' figures are computed once per 30 s per worker (concurrent requests wait for that one
 computation, later ones get the last copy while it is refreshed); the overview's first (cold)
 request is reported separately. Each endpoint starts after 5 s of idle server.
-PostgreSQL is a private throwaway cluster (tests/pg.py: initdb
+PostgreSQL is a private throwaway cluster (testkit/pg.py: initdb
 in a temporary directory, removed afterwards). Prints one JSON object.
 
     .venv/bin/python benchmarks/web.py [--targets 100] [--years 2] [--seconds 10]
@@ -44,7 +44,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,12 +56,12 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from sqlalchemy import insert
 
 from iepm.results import Result, format_time, new_result_id
 from iepm.store import Archive, rollup
 from iepm.store.schema import results as RESULTS
+from testkit.net import free_port
 
 NDT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ndt"
 STEP = timedelta(minutes=90)
@@ -189,13 +188,6 @@ def build(url: str, targets: int, days: int, seed: int) -> float:
         # Written around Archive.add_many (for speed), so the daily summaries are built here.
         rollup.rebuild(conn)
     return time.perf_counter() - t0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 SERVER = """
@@ -372,7 +364,7 @@ def archive_url(backend: str) -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="iepm-bench-web-") as tmp:
             yield f"sqlite:///{Path(tmp) / 'archive.db'}"
         return
-    from tests.pg import find_bindir, running_server
+    from testkit.pg import find_bindir, running_server
 
     bindir = find_bindir()
     if bindir is None:

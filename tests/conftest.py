@@ -19,7 +19,7 @@ from hypothesis import settings
 from iepm.lab.testing import LabFactory, lab_unavailable, sweep_stale_labs
 
 # pg_server is a session fixture: importing it makes it available to every test directory.
-from tests.pg import PgServer, pg_server  # noqa: F401
+from testkit.pg import PgServer, pg_server  # noqa: F401
 
 # Property tests draw the same examples on every run (seeded from each test's source), so a
 # failure replays; HYPOTHESIS_PROFILE=explore draws new examples.
@@ -67,7 +67,7 @@ def module_lab_factory(_stale_labs_swept: list[str]) -> Iterator[LabFactory]:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
 def archive_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """The URL of a new, empty archive: a SQLite file, or a fresh database on a real
-    PostgreSQL server (tests/pg.py); both removed afterwards."""
+    PostgreSQL server (testkit/pg.py); both removed afterwards."""
     if request.param == "sqlite":
         with tempfile.TemporaryDirectory(prefix="iepm-test-archive-") as path:
             yield f"sqlite:///{Path(path) / 'archive' / 'iepm.db'}"

@@ -24,7 +24,7 @@ from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
 from iepm.scheduler import CycleReport, Scheduler
 from iepm.store import Archive
-from tests.analysis.httpd import receiver
+from testkit.httpd import receiver
 
 PORT = 5201
 

@@ -22,7 +22,7 @@ from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
 from iepm.scheduler import Scheduler
 from iepm.store import Archive
-from tests.remote.conftest import RunningAgent, running_agent
+from testkit.agent import RunningAgent, running_agent
 
 pytestmark = pytest.mark.lab
 

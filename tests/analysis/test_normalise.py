@@ -19,7 +19,7 @@ from iepm.analysis import normalise
 from iepm.results import Result
 from iepm.store import Archive
 from iepm.web.app import create_app
-from tests.store import sample
+from testkit import sample
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

@@ -12,7 +12,7 @@ from iepm.analysis.watch import AlertWatcher, hops_changed
 from iepm.analysis.webhook import Notifier, WebhookSender
 from iepm.results import Result
 from iepm.store import Archive
-from tests.analysis.httpd import receiver
+from testkit.httpd import receiver
 
 T0 = datetime(2026, 11, 25, 1, tzinfo=UTC)
 A, B, C, X = "198.18.0.1", "198.18.0.2", "198.18.0.3", "198.18.0.9"

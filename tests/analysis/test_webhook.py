@@ -13,8 +13,8 @@ from iepm.analysis.webhook import Notifier, WebhookSender
 from iepm.errors import IepmError
 from iepm.results import utcnow
 from iepm.store import Archive
-from tests.analysis.httpd import receiver
-from tests.helpers import free_port
+from testkit.httpd import receiver
+from testkit.net import free_port
 
 
 def an_alert(**over: object) -> Alert:

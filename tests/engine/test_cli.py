@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import iperf3_server
+from testkit.net import iperf3_server
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO.parent / "shared" / "data" / "fixtures" / "linux-ping-traceroute"

@@ -26,8 +26,8 @@ from iepm.results import Outcome, Result
 from iepm.scheduler import CycleReport, Scheduler
 from iepm.store import Archive
 from iepm.store.spool import Spool
-from tests.engine.faults import fill, is_full, private_postgres, thawed_after, tmpfs
-from tests.helpers import is_root
+from testkit.faults import fill, is_full, private_postgres, thawed_after, tmpfs
+from testkit.net import is_root
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root to mount a small tmpfs")
 

@@ -16,8 +16,8 @@ import pytest
 
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
-from tests.helpers import iperf3_server
-from tests.lab.labtools import binomial_interval
+from testkit.labtools import binomial_interval
+from testkit.net import iperf3_server
 
 pytestmark = pytest.mark.lab
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from iepm.store import Archive
-from tests.helpers import iperf3_server
+from testkit.net import iperf3_server
 
 RESULT_LINE = re.compile(r"^\S+ (\S+) (\S+) (ok|failed|timeout|skipped): .* \[([0-9a-f]{32})\]$")
 

@@ -16,7 +16,7 @@ from iepm.rawlog import RawLog
 from iepm.results import Result
 from iepm.scheduler import CycleReport, Scheduler
 from iepm.store import Archive
-from tests.helpers import blackhole_netns, iperf3_server, is_root
+from testkit.net import blackhole_netns, iperf3_server, is_root
 
 
 def config_text(

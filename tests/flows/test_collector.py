@@ -21,8 +21,8 @@ from iepm.errors import StoreError
 from iepm.flows.collector import PROGRESS, Collector, CollectorReport, Pipeline
 from iepm.flows.store import add_flows, read_flows
 from iepm.store import Archive
-from tests.flows import encoder as enc
-from tests.flows.encoder import F
+from testkit import flow_encoder as enc
+from testkit.flow_encoder import F
 
 NOW = int(time.time() * 1000)
 UPTIME = 3_600_000

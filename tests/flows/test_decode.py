@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from iepm.flows.decode import MAX_TEMPLATES_PER_DOMAIN, Decoder, Flow, Template
-from tests.flows import encoder as enc
-from tests.flows.encoder import F
+from testkit import flow_encoder as enc
+from testkit.flow_encoder import F
 
 NOW = 1_795_000_000_000
 UPTIME = 3_600_000

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests/fixtures/flows/nfcapd-1.7.1--v5-and-ipfix.nfcapd"
 needs_nfdump = pytest.mark.skipif(shutil.which("nfdump") is None, reason="nfdump not installed")
 
-# What the exporter sent (tests/flows/encoder.py, 3 flows as v5 then again as IPFIX):
+# What the exporter sent (testkit/flow_encoder.py, 3 flows as v5 then again as IPFIX):
 # start/end in Unix ms, bytes.
 SENT = [
     (1795561915942, 1795561930932, 1_000_000, 40000),

@@ -17,7 +17,7 @@ from iepm.flows.decode import Flow
 from iepm.flows.instances import group
 from iepm.flows.store import add_flows
 from iepm.store import Archive
-from tests.store import sample
+from testkit import sample
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 MS0 = int(T0.timestamp() * 1000)

@@ -20,8 +20,8 @@ from iepm.flows.store import add_flows, read_flows
 from iepm.results import Result, format_time, new_result_id
 from iepm.store import Archive
 from iepm.web.app import create_app
-from tests.flows import encoder as enc
-from tests.flows.encoder import F
+from testkit import flow_encoder as enc
+from testkit.flow_encoder import F
 
 END = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 TARGET, ADDRESS = "tgt", "198.18.2.2"

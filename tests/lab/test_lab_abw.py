@@ -23,7 +23,7 @@ from iepm.probes import abw
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Result
-from tests.remote.conftest import running_agent
+from testkit.agent import running_agent
 
 pytestmark = pytest.mark.lab
 

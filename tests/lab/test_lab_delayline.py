@@ -6,9 +6,8 @@ import itertools
 import random
 import statistics
 
-from labtools import binomial_interval
-
 from iepm.lab.delayline import Direction, Params, steady_state_loss_percent
+from testkit.labtools import binomial_interval
 
 
 def direction(**params: object) -> Direction:

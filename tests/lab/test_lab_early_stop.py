@@ -27,7 +27,7 @@ from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.results import Result
 from iepm.store import Archive
-from tests.remote.conftest import RunningAgent, running_agent
+from testkit.agent import RunningAgent, running_agent
 
 pytestmark = pytest.mark.lab
 

@@ -8,12 +8,12 @@ import statistics
 import time
 
 import pytest
-from labtools import ping_rtts, ping_stamped
 
 from iepm.lab import Lab
 from iepm.lab.events import client_argv, segments
 from iepm.lab.testing import LabFactory
 from iepm.lab.topology import TrafficSpec
+from testkit.labtools import ping_rtts, ping_stamped
 
 SWITCH_AT_S = 4.0
 

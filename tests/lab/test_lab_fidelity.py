@@ -8,10 +8,10 @@ import statistics
 from collections.abc import Iterator
 
 import pytest
-from labtools import binomial_interval, ping_counts, ping_rtts
 
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
+from testkit.labtools import binomial_interval, ping_counts, ping_rtts
 
 pytestmark = pytest.mark.lab
 

@@ -27,9 +27,10 @@ from iepm.probes import gridftp_disk, gridftp_mem, iperf3, rsync_mem, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Result
-from tests.lab.copylab import agent_context, lab_agent
-from tests.remote.conftest import RunningAgent, running_agent, wait_until
-from tests.slowdisk import slow_disk
+from testkit.agent import RunningAgent, running_agent
+from testkit.copylab import agent_context, lab_agent
+from testkit.net import wait_until
+from testkit.slowdisk import slow_disk
 
 pytestmark = [
     pytest.mark.lab,
@@ -240,8 +241,8 @@ def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
     by each tool (xrdcp and GridFTP through the target's agent, rsync over SSH to a private
     sshd there), with the ratio of each copy to iperf3, each run's CPU per GB (the tool's two
     ends and the lab's user-space delay line) and the load average when it ended."""
-    from tests.helpers import free_port
-    from tests.remote.sshd import private_sshd
+    from testkit.net import free_port
+    from testkit.sshd import private_sshd
 
     lab = module_lab_factory(COMPARE, prefix="gc")
     lines = {link["b"]: link["delay_line_pid"] for link in lab.status()["links"].values()}

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import ping_rtts
 from typer.testing import CliRunner
 
 from iepm.errors import ConfigError, LabError
@@ -21,6 +20,7 @@ from iepm.lab.cli import lab_app
 from iepm.lab.lab import read_state, state_dir_default
 from iepm.lab.testing import TEST_LAB_NAME, LabFactory, unique_lab_name
 from iepm.lab.topology import LAB_NAME_RE
+from testkit.labtools import ping_rtts
 
 SMALL = {
     "lab": {"name": "small"},

@@ -21,11 +21,11 @@ from iepm.lab.testing import LabFactory
 from iepm.probes import iperf3, rsync_disk, rsync_mem, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
-from tests.helpers import free_port
-from tests.lab.copylab import agent_context, lab_agent
-from tests.remote.conftest import RunningAgent, running_agent, wait_until
-from tests.remote.sshd import private_sshd
-from tests.slowdisk import SlowDisk, slow_disk
+from testkit.agent import RunningAgent, running_agent
+from testkit.copylab import agent_context, lab_agent
+from testkit.net import free_port, wait_until
+from testkit.slowdisk import SlowDisk, slow_disk
+from testkit.sshd import private_sshd
 
 pytestmark = [
     pytest.mark.lab,

@@ -29,8 +29,8 @@ from iepm.remote.access import AgentAccess
 from iepm.remote.trust import new_token, token_digest
 from iepm.results import Outcome
 from iepm.store import Archive
-from tests.helpers import free_port
-from tests.remote.conftest import RunningAgent
+from testkit.agent import RunningAgent
+from testkit.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

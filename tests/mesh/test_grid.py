@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from iepm.store import Archive
 from iepm.web.app import create_app
-from tests.store import sample
+from testkit import sample
 
 NOW = datetime.now(UTC)
 PATHS = {  # (monitor, target): throughput

@@ -24,7 +24,7 @@ import pytest
 from iepm.config import TargetConfig
 from iepm.mesh.leases import HostLeases, LeaseRefused
 from iepm.store import Archive
-from tests.helpers import iperf3_server, stop
+from testkit.net import iperf3_server, stop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -251,7 +251,7 @@ def test_monitors_of_a_mesh_never_meet_at_a_host(pg_server: Any, tmp_path: Path)
     """Six `iepm run` processes, one PostgreSQL archive, a full two-way mesh (ping, traceroute,
     iperf3) on loopback addresses: every pair measured, every iperf3 test succeeds (a server
     refuses a second client, so an overlap would fail too), no two share a host in time."""
-    from tests.helpers import free_port
+    from testkit.net import free_port
 
     name = f"iepm_mesh_{os.getpid()}"
     db = pg_server.create_database(name)
@@ -341,7 +341,7 @@ def test_iepm_run_killed_mid_test_leaves_no_lease_after_its_expiry(
 ) -> None:
     """kill -9 of a real `iepm run` while its iperf3 test holds the hosts: the rows stay (the
     monitor could not release them), then expire on their own and another monitor gets them."""
-    from tests.helpers import free_port
+    from testkit.net import free_port
 
     name = f"iepm_kill_{os.getpid()}"
     db = pg_server.create_database(name)

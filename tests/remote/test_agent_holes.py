@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from iepm.remote.httpguard import FD_RESERVE
-from tests.remote.conftest import RunningAgent, running_agent, wait_until
+from testkit.agent import RunningAgent, running_agent
+from testkit.net import wait_until
 
 
 def post_slot(agent: RunningAgent, body: dict[str, Any], monitor: str = "mon1") -> dict[str, Any]:

@@ -20,7 +20,7 @@ from iepm.rawlog import read_log
 from iepm.remote.agent import create_app
 from iepm.remote.protocol import RunAnswer
 from iepm.remote.trust import load_agent_config_text, new_token, token_digest
-from tests.remote.conftest import wait_until
+from testkit.net import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 

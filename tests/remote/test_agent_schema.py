@@ -18,7 +18,7 @@ from schemathesis.checks import (
 
 from iepm.remote.agent import create_app
 from iepm.remote.trust import AgentConfig
-from tests.remote.conftest import RunningAgent
+from testkit.agent import RunningAgent
 
 # Built at import (schemathesis makes its tests then); the document does not depend on config.
 schema = schemathesis.openapi.from_dict(create_app(AgentConfig()).openapi())

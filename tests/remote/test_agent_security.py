@@ -20,7 +20,8 @@ from iepm.rawlog import RawLog
 from iepm.remote.agent import Agent
 from iepm.remote.lease import server_source
 from iepm.remote.trust import load_agent_config
-from tests.remote.conftest import RunningAgent, wait_until
+from testkit.agent import RunningAgent
+from testkit.net import wait_until
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from iepm.errors import RemoteError
 from iepm.remote.client import AgentClient, Refusal
-from tests.remote.conftest import RunningAgent, running_agent
+from testkit.agent import RunningAgent, running_agent
 
 NOW = dt.datetime.now(dt.UTC)
 

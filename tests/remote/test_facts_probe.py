@@ -18,9 +18,9 @@ from iepm.rawlog import RawLog, read_log
 from iepm.remote.access import AgentAccess
 from iepm.remote.lease import AgentServers, SshServers
 from iepm.results import Outcome, Result
-from tests.helpers import free_port
-from tests.remote.conftest import RunningAgent
-from tests.remote.sshd import Sshd, private_sshd
+from testkit.agent import RunningAgent
+from testkit.net import free_port
+from testkit.sshd import Sshd, private_sshd
 
 KEYS = ("kernel_release", "cpu_count", "tcp_rmem_bytes", "tcp_wmem_bytes", "rmem_max_bytes")
 KEYS += ("wmem_max_bytes", "tcp_congestion_control", "tcp_rmem_max_bytes")

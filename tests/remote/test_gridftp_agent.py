@@ -23,14 +23,14 @@ from iepm.probes import copy, gridftp_disk, gridftp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Outcome, Result
-from tests.fixtures.gridftp.server import plain_gridftp
-from tests.remote.conftest import (
+from testkit.agent import (
     RunningAgent,
     copy_agent,
     files_under,
     running_agent,
-    wait_until,
 )
+from testkit.net import wait_until
+from tests.fixtures.gridftp.server import plain_gridftp
 
 pytestmark = pytest.mark.skipif(
     shutil.which("globus-gridftp-server") is None or shutil.which("globus-url-copy") is None,

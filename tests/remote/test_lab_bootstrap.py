@@ -18,8 +18,8 @@ import pytest
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
 from iepm.remote.bootstrap import wheelhouse
-from tests.remote.conftest import wait_until
-from tests.remote.sshd import Sshd, private_sshd
+from testkit.net import wait_until
+from testkit.sshd import Sshd, private_sshd
 
 pytestmark = pytest.mark.lab
 

@@ -24,8 +24,9 @@ from iepm.remote.protocol import SlotRequest
 from iepm.results import Result
 from iepm.scheduler import Scheduler
 from iepm.store import Archive
-from tests.remote.conftest import RunningAgent, running_agent, wait_until
-from tests.remote.sshd import Sshd, private_sshd
+from testkit.agent import RunningAgent, running_agent
+from testkit.net import wait_until
+from testkit.sshd import Sshd, private_sshd
 
 pytestmark = pytest.mark.lab
 

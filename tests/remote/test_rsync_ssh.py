@@ -29,9 +29,8 @@ from iepm.remote.lease import server_source
 from iepm.remote.ssh import check_target
 from iepm.results import Outcome, Result
 from iepm.runner import RawRun
-from tests.helpers import free_port
-from tests.remote.conftest import wait_until
-from tests.remote.sshd import Sshd, private_sshd
+from testkit.net import free_port, wait_until
+from testkit.sshd import Sshd, private_sshd
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync missing")
 # What a target without rsync still has: the shell tools the lease and the copy's wrapper use.

@@ -20,8 +20,8 @@ from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Result
-from tests.helpers import free_port
-from tests.remote.sshd import Sshd, private_sshd
+from testkit.net import free_port
+from testkit.sshd import Sshd, private_sshd
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ from iepm.probes import xrdcp, xrdcp_disk, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.results import Outcome
-from tests.remote.conftest import (
+from testkit.agent import (
     RunningAgent,
     copy_agent,
     files_under,
     running_agent,
-    wait_until,
 )
+from testkit.net import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("xrootd") is None, reason="xrootd-server missing")
 

@@ -20,8 +20,8 @@ from iepm.errors import StoreError
 from iepm.results import Outcome, Result, new_result_id
 from iepm.store import Archive, Cycle
 from iepm.store.archive import Order, connect_engine
-from tests.store import sample
-from tests.store.sample import T0
+from testkit import sample
+from testkit.sample import T0
 
 
 def test_results_read_back_equal_what_was_written(archive: Archive) -> None:

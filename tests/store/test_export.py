@@ -14,8 +14,8 @@ from iepm.export import COMMON_COLUMNS, export, format_number
 from iepm.probes.base import Column
 from iepm.results import Result
 from iepm.store import Archive
-from tests.store import sample
-from tests.store.sample import T0
+from testkit import sample
+from testkit.sample import T0
 
 COLUMNS = [
     Column("packets_sent", "echo requests sent"),

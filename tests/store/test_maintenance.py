@@ -14,7 +14,7 @@ from sqlalchemy import Connection, create_engine
 
 from iepm.results import Result
 from iepm.store import Archive, maintenance, partitions
-from tests.store import sample
+from testkit import sample
 
 NOW = datetime.now(UTC)
 THIS = partitions.Month.of(NOW)

@@ -17,7 +17,7 @@ import iepm.store
 from iepm.errors import StoreError
 from iepm.store import Archive, partitions
 from iepm.store.archive import alembic_config, connect_engine
-from tests.store import sample
+from testkit import sample
 
 ALEMBIC_INI = Path(iepm.store.__file__).with_name("alembic.ini")
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()

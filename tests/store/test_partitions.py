@@ -17,7 +17,7 @@ from iepm.results import Result
 from iepm.store import Archive, partitions, retention
 from iepm.store.archive import alembic_config, connect_engine
 from iepm.store.schema import daily as DAILY
-from tests.store import sample
+from testkit import sample
 
 NOW = datetime.now(UTC).replace(microsecond=654321)  # not a whole millisecond
 

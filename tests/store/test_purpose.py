@@ -16,8 +16,8 @@ from iepm.store.schema import daily as DAILY
 from iepm.store.schema import results as RESULTS
 from iepm.store.schema import studies as STUDIES
 from iepm.tuning.store import Study, StudyRecorder
-from tests.store import sample
-from tests.store.sample import T0
+from testkit import sample
+from testkit.sample import T0
 
 
 def daily_runs(archive: Archive) -> int:

@@ -15,7 +15,7 @@ from iepm.rawlog import RawLog, read_log
 from iepm.runner import RawRun
 from iepm.store import Archive, retention
 from iepm.store.schema import daily as DAILY
-from tests.store import sample
+from testkit import sample
 
 NOW = sample.T0 + timedelta(days=400)
 

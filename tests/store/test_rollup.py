@@ -17,8 +17,8 @@ from iepm.results import Outcome, Result
 from iepm.store import Archive
 from iepm.store.archive import alembic_config, connect_engine
 from iepm.store.schema import daily as DAILY
-from tests.store import sample
-from tests.store.sample import T0
+from testkit import sample
+from testkit.sample import T0
 
 KEYS = {
     "ping": ["rtt_min_ms", "rtt_avg_ms", "rtt_max_ms", "loss_percent"],

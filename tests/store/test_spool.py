@@ -13,8 +13,8 @@ import pytest
 from iepm.results import Result
 from iepm.store import Archive, Cycle
 from iepm.store.spool import Spool
-from tests.store import sample
-from tests.store.sample import T0
+from testkit import sample
+from testkit.sample import T0
 
 
 def cycle(n: int) -> Cycle:

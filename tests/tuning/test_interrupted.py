@@ -20,7 +20,7 @@ from iepm.store import Archive
 from iepm.tuned import load_tuned
 from iepm.tuning.store import list_studies
 from iepm.tuning.sweep import SweepPlan, run_sweep
-from tests.helpers import free_port, iperf3_server, stop, wait_listening
+from testkit.net import free_port, iperf3_server, stop, wait_listening
 
 
 def test_ctrl_c_keeps_points_and_marks_partial(tmp_path: Path) -> None:

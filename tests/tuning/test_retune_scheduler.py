@@ -21,7 +21,7 @@ from iepm.store import Archive
 from iepm.tuned import load_tuned
 from iepm.tuning import routine
 from iepm.tuning.store import list_studies
-from tests.helpers import free_port, iperf3_server
+from testkit.net import free_port, iperf3_server
 
 HOST = "127.0.0.1"
 

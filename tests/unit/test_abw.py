@@ -22,7 +22,7 @@ from iepm.probes import abw
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
 from iepm.runner import RawRun, SyncSupervised, start_process_sync
-from tests.remote.conftest import RunningAgent, running_agent
+from testkit.agent import RunningAgent, running_agent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "abw"
 MTU = 1500

@@ -22,17 +22,11 @@ from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.results import Outcome, Result
 from iepm.runner import RawRun, run_command
+from testkit.net import free_port
 
 HOST = "127.0.0.1"
 # Each fault must end by its deadline plus the runner's TERM→KILL grace and some slack.
 SLACK_S = 2.0 + 1.5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def alive(pid: int) -> bool:

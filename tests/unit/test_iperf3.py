@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.rawlog import RawLog
 from iepm.runner import RawRun
+from testkit.net import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "iperf3"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
@@ -385,13 +385,6 @@ def test_mutated_real_reports(data: st.DataObject) -> None:
 
 
 # --- real runs against a loopback server -------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def listening(port: int) -> bool:

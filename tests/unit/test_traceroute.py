@@ -18,7 +18,7 @@ from iepm.errors import ParseError, ToolFailed
 from iepm.probes import traceroute
 from iepm.probes.base import ProbeContext
 from iepm.runner import RawRun
-from tests.helpers import mutate_output
+from testkit.outputs import mutate_output
 
 REPO = Path(__file__).resolve().parents[2]
 JC_DIR = REPO / "../shared/data/fixtures/linux-ping-traceroute"

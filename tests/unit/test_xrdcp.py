@@ -19,7 +19,7 @@ from iepm.probes import PROBES, xrdcp, xrdcp_mem
 from iepm.probes.base import ProbeContext
 from iepm.results import Outcome
 from iepm.runner import RawRun
-from tests.xrootd_plain import plain_xrootd, silent_listener
+from testkit.xrootd_plain import plain_xrootd, silent_listener
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "xrdcp"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))

@@ -17,8 +17,8 @@ from iepm.probes.base import ProbeContext
 from iepm.results import Result
 from iepm.store import Archive
 from iepm.web.app import create_app
+from testkit.browser import browser, page  # noqa: F401  (fixtures for the browser tests)
 from tests.web import data
-from tests.web.browser import browser, page  # noqa: F401  (fixtures for the browser tests)
 
 LOOPBACK = "loopback"
 

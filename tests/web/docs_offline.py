@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from iepm.web.server import serve_in_background
-from tests.web.browser import ARGS, CHROMIUM
+from testkit.browser import ARGS, CHROMIUM
 
 
 def main(archive_url: str, port: int, screenshot: str) -> dict[str, Any]:

@@ -17,9 +17,9 @@ import pytest
 from iepm.results import format_time
 from iepm.web.server import ServerHandle, serve_in_background
 from iepm.web.tables import human
-from tests.helpers import free_port
+from testkit.browser import PAINTED, series_count, shoot
+from testkit.net import free_port
 from tests.web import data
-from tests.web.browser import PAINTED, series_count, shoot
 
 pytestmark = pytest.mark.browser
 

@@ -26,8 +26,8 @@ from iepm.results import Result
 from iepm.store import Archive
 from iepm.web.server import serve_in_background
 from iepm.web.tables import human
-from tests.helpers import free_port
-from tests.web.browser import PAINTED, series_count, shoot
+from testkit.browser import PAINTED, series_count, shoot
+from testkit.net import free_port
 
 pytestmark = [pytest.mark.lab, pytest.mark.browser]
 

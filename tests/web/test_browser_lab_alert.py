@@ -19,8 +19,8 @@ from iepm.analysis.alerts import load_alerts
 from iepm.demo import TOPOLOGY, Demo
 from iepm.lab.testing import lab_unavailable, unique_lab_name
 from iepm.web.server import serve_in_background
-from tests.helpers import free_port
-from tests.web.browser import shoot
+from testkit.browser import shoot
+from testkit.net import free_port
 from tests.web.test_browser_lab_live import in_thread
 
 pytestmark = [pytest.mark.lab, pytest.mark.browser]

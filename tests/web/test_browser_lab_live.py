@@ -16,8 +16,8 @@ from iepm.demo import TOPOLOGY, Demo
 from iepm.lab.testing import lab_unavailable, unique_lab_name
 from iepm.web.places import places_of
 from iepm.web.server import serve_in_background
-from tests.helpers import free_port
-from tests.web.browser import shoot
+from testkit.browser import shoot
+from testkit.net import free_port
 
 pytestmark = [pytest.mark.lab, pytest.mark.browser]
 

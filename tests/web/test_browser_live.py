@@ -22,8 +22,8 @@ from iepm.store.live import LiveSample
 from iepm.web.pages.live import ewma
 from iepm.web.places import Place
 from iepm.web.server import serve_in_background
-from tests.helpers import free_port
-from tests.web.browser import shoot
+from testkit.browser import shoot
+from testkit.net import free_port
 
 pytestmark = pytest.mark.browser
 

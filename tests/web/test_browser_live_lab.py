@@ -24,8 +24,8 @@ from iepm.results import Result
 from iepm.store import Archive, live
 from iepm.web.places import Place
 from iepm.web.server import serve_in_background
-from tests.helpers import free_port
-from tests.web.browser import shoot
+from testkit.browser import shoot
+from testkit.net import free_port
 
 pytestmark = [pytest.mark.lab, pytest.mark.browser]
 

@@ -29,7 +29,7 @@ from iepm.lab.topology import load_topology
 from iepm.lab.topology import plan as topology_plan
 from iepm.probes import PROBES
 from iepm.store import Archive
-from tests.helpers import free_port
+from testkit.net import free_port
 
 IEPM = [sys.executable, "-m", "iepm.cli"]
 ROOT = Path(__file__).resolve().parents[2]

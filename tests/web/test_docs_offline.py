@@ -15,7 +15,7 @@ import pytest
 
 from iepm.lab.testing import lab_unavailable
 from iepm.runner import start_process_sync
-from tests.web.browser import CHROMIUM, SCREENSHOTS
+from testkit.browser import CHROMIUM, SCREENSHOTS
 
 pytestmark = [pytest.mark.lab, pytest.mark.browser]
 

@@ -30,8 +30,8 @@ from iepm.store import Archive, live
 from iepm.store.live import LiveSample
 from iepm.web import live as web_live
 from iepm.web.server import ServerHandle, serve_in_background
-from tests.helpers import free_port
-from tests.pg import PgServer
+from testkit.net import free_port
+from testkit.pg import PgServer
 
 DEADLINE_S = 20.0
 

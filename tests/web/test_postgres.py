@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from iepm.results import format_time
 from iepm.web.app import create_app
-from tests.pg import PgServer, pg_server  # noqa: F401
+from testkit.pg import PgServer, pg_server  # noqa: F401
 from tests.web import data
 
 pytestmark = pytest.mark.pg

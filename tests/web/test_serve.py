@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from iepm.web.app import create_app
 from iepm.web.cli import parse_listen, register
 from iepm.web.server import serve_in_background
-from tests.helpers import free_port
+from testkit.net import free_port
 
 
 def test_background_server_starts_and_stops(archive_url: str) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from iepm.runner import start_process_sync
-from tests.helpers import free_port
+from testkit.net import free_port
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Shared test helpers: loopback iperf3 servers and small namespaces (cleaned up by PID/name),
-and a mutator of real tool outputs for the parsers' property tests."""
+"""Ports, waits and processes for tests and benchmarks: free loopback ports, waiting on a
+condition (never a fixed sleep), loopback iperf3 servers and small namespaces, all cleaned up
+by their own PID or name."""
 
 from __future__ import annotations
 
@@ -9,17 +10,17 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
-from hypothesis import strategies as st
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
+def free_port(host: str = "127.0.0.1", *, udp: bool = False) -> int:
+    """A port nobody listens on now (TCP, or UDP for collectors)."""
+    kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        return int(sock.getsockname()[1])
 
 
 def wait_listening(host: str, port: int, timeout_s: float = 5.0, netns: str | None = None) -> None:
@@ -42,6 +43,15 @@ def wait_listening(host: str, port: int, timeout_s: float = 5.0, netns: str | No
                 return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s} s")
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, step_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return bool(predicate())
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -122,29 +132,3 @@ def blackhole_netns(prefix: str = "iepmt") -> Iterator[tuple[str, str]]:
 
 def is_root() -> bool:
     return os.geteuid() == 0
-
-
-def mutate_output(
-    draw: st.DataObject, text: str, insertions: st.SearchStrategy[str], characters: str
-) -> str:
-    """A real tool output damaged 1-6 times: a cut, an inserted fragment (``insertions``), a
-    duplicated or swapped line, or one character replaced by one of ``characters``."""
-    for _ in range(draw.draw(st.integers(1, 6))):
-        lines = text.splitlines(keepends=True) or [""]
-        op = draw.draw(st.sampled_from(["cut", "insert", "dup", "swap", "digit"]))
-        i = draw.draw(st.integers(0, len(text)))
-        if op == "cut":
-            text = text[:i] + text[i + draw.draw(st.integers(1, 40)) :]
-        elif op == "insert":
-            text = text[:i] + draw.draw(st.one_of(st.text(max_size=20), insertions)) + text[i:]
-        elif op == "digit":
-            text = text[:i] + draw.draw(st.sampled_from(characters)) + text[i + 1 :]
-        else:
-            k = draw.draw(st.integers(0, len(lines) - 1))
-            m = draw.draw(st.integers(0, len(lines) - 1))
-            if op == "dup":
-                lines.insert(k, lines[m])
-            else:
-                lines[k], lines[m] = lines[m], lines[k]
-            text = "".join(lines)
-    return text

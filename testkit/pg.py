@@ -17,7 +17,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -28,6 +27,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+
+from testkit.net import free_port
 
 MISSING = "PostgreSQL server binaries (initdb, pg_ctl) not found; `make test` installs them"
 # Settings for a server nobody needs to survive a crash: faster, same SQL behaviour.
@@ -48,12 +49,6 @@ def find_bindir() -> Path | None:
         if re.fullmatch(r"\d+", path.parent.name) and (path / "initdb").exists()
     ]
     return max(versions, key=lambda path: int(path.parent.name), default=None)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from iepm.config import AgentAccess
 from iepm.lab import Lab
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
-from tests.remote.conftest import RunningAgent, running_agent
+from testkit.agent import RunningAgent, running_agent
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from pathlib import Path
 from iepm.config import SshAccess
 from iepm.lab.sshd import prepare_sshd, sshd_argv
 from iepm.runner import start_process_sync
-from tests.helpers import wait_listening
+from testkit.net import wait_listening
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from tests.pg import PgServer, _runner, find_bindir, running_server
+from testkit.pg import PgServer, _runner, find_bindir, running_server
 
 FILL_CHUNK = 64 * 1024
 PG_WAIT_S = 60.0
