@@ -28,6 +28,24 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
 
 
+def tier_of(item: pytest.Item) -> str:
+    """The test's cost tier: lab (namespaces, one at a time), browser, servers (real servers on
+    loopback, PostgreSQL included) or fast (pure Python)."""
+    for tier in ("lab", "browser", "servers"):
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    return "fast"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # A test on a real PostgreSQL server starts one: it is not fast.
+        if item.get_closest_marker("pg") is not None:
+            item.add_marker(pytest.mark.servers)
+        # JUnit XML carries it, so testkit.report can give the time per tier.
+        item.user_properties.append(("tier", tier_of(item)))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("lab") is not None:
         reason = lab_unavailable()

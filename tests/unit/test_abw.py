@@ -369,6 +369,7 @@ def abw_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent
         yield agent
 
 
+@pytest.mark.servers
 def test_the_probe_leases_a_receiver_from_the_agent(abw_agent: RunningAgent) -> None:
     access = AgentAccess(url=abw_agent.url, credential_file=str(abw_agent.token_file("mon1")))
     ctx = ProbeContext(

@@ -6,6 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+# Starts real tools and servers on loopback (the servers tier).
+pytestmark = pytest.mark.servers
+
 HEAVY = ("numpy", "scipy", "statsmodels", "sqlalchemy", "alembic", "uvicorn", "fastapi", "httpx")
 
 

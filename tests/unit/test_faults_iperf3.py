@@ -24,6 +24,9 @@ from iepm.results import Outcome, Result
 from iepm.runner import RawRun, run_command
 from testkit.net import free_port
 
+# Starts real tools and servers on loopback (the servers tier).
+pytestmark = pytest.mark.servers
+
 HOST = "127.0.0.1"
 # Each fault must end by its deadline plus the runner's TERM→KILL grace and some slack.
 SLACK_S = 2.0 + 1.5

@@ -432,6 +432,7 @@ def server() -> Iterator[int]:
     ],
     ids=["tcp", "tcp-3streams-window-reno", "tcp-reverse", "udp"],
 )
+@pytest.mark.servers
 def test_real_run(server: int, fields: dict[str, Any], tmp_path: Path) -> None:
     spec = iperf3.Spec(port=server, duration_s=1, **fields)
     log = RawLog(tmp_path)

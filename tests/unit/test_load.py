@@ -196,6 +196,7 @@ def test_any_output_parses_or_raises_parse_error(stdout: str) -> None:
     load.check(data, load.Spec())
 
 
+@pytest.mark.servers
 def test_real_run_describes_this_host(tmp_path: Path) -> None:
     log = RawLog(tmp_path)
     ctx = ProbeContext(target="monitor-1", address="127.0.0.1", raw_log=log)

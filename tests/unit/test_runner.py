@@ -48,6 +48,7 @@ def test_captures_output_and_exit_code() -> None:
     assert raw.argv[0] == sys.executable
 
 
+@pytest.mark.servers
 def test_timeout_kills_the_whole_group_and_keeps_partial_output(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     # The tool forks a grandchild that would outlive it, then hangs; both must die.
@@ -265,6 +266,7 @@ def _ping_has_file_capabilities() -> bool:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a monitor as nobody")
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
 @pytest.mark.skipif(not _ping_has_file_capabilities(), reason="needs ping with file capabilities")
+@pytest.mark.servers
 def test_tools_die_with_an_unprivileged_monitor_killed_9() -> None:
     """PR_SET_PDEATHSIG is cleared when a non-root process execs a binary with file capabilities
     (Debian's ping): the runner must not depend on it."""

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts real tools and servers on loopback (the servers tier).
+pytestmark = pytest.mark.servers
+
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 IEPM = Path(sys.executable).with_name("iepm")
 

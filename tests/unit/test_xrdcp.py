@@ -249,6 +249,7 @@ def test_a_missing_xrdcp_is_a_failed_result_naming_the_package(
     assert memory_sources() == before
 
 
+@pytest.mark.servers
 def test_a_server_that_never_answers_ends_at_the_deadline_with_nothing_left() -> None:
     before = memory_sources()
     with silent_listener() as port:
