@@ -28,7 +28,7 @@ class Case:
 
 def _nodeid(case: ET.Element) -> str:
     # JUnit's classname is the dotted module path plus any class: tests.web.test_api.TestX.
-    parts = (case.get("classname") or "").split(".")
+    parts = [part for part in (case.get("classname") or "").split(".") if part]
     name = case.get("name") or "?"
     for cut in range(len(parts), 0, -1):
         path = Path(*parts[:cut]).with_suffix(".py")
