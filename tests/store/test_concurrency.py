@@ -12,7 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from iepm.store import Archive
+
+# Writers are real processes (the servers tier).
+pytestmark = pytest.mark.servers
 
 WRITER = Path(__file__).with_name("writer.py")
 
