@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # Parallel workers for the tests that are not lab tests: they mostly wait on processes and
-# sockets, so more workers than the 2 cores pay (measured: see docs/testing.md).
+# sockets, so more workers than the 2 cores pay. A file stays on one worker: its module-scoped
+# servers and labs are built once.
 WORKERS ?= 4
 REPORTS := var/test-reports
 
@@ -29,7 +30,7 @@ lint: deps
 test: deps lint
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	@status=0; \
-	$(BIN)/pytest -m "not lab" -n $(WORKERS) --junitxml=$(REPORTS)/parallel.xml || status=$$?; \
+	$(BIN)/pytest -m "not lab" -n $(WORKERS) --dist loadfile --junitxml=$(REPORTS)/parallel.xml || status=$$?; \
 	$(BIN)/pytest -m lab --junitxml=$(REPORTS)/lab.xml || status=$$?; \
 	$(BIN)/python -m testkit.report $(REPORTS)/parallel.xml $(REPORTS)/lab.xml || status=1; \
 	exit $$status
@@ -39,7 +40,7 @@ test-fast: deps
 	$(BIN)/pytest -m "not lab and not servers and not browser" -n 2 -q
 
 test-unit: deps
-	$(BIN)/pytest -m "not lab" -n $(WORKERS)
+	$(BIN)/pytest -m "not lab" -n $(WORKERS) --dist loadfile
 
 test-lab: deps
 	$(BIN)/pytest -m lab
