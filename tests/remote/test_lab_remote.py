@@ -109,6 +109,9 @@ credential_file = "{agent.token_file(monitor)}"
 slot_wait_s = 12
 """
     if sshd is not None:
+        # The test's own work directory on the target (the namespaces share this file system):
+        # what it leaves there is its own, whatever else runs on this host.
+        (tmp / "sshwork").mkdir(exist_ok=True)
         text += f"""
 [[targets]]
 name = "tssh"
@@ -121,6 +124,7 @@ key_file = "{sshd.client_key}"
 port = {sshd.port}
 known_hosts = "{sshd.known_hosts}"
 server_port = 5333
+work_dir = "{tmp}/sshwork"
 """
     return load_config_text(text)
 
@@ -188,7 +192,7 @@ def test_full_cycle_to_agent_and_ssh_targets_matches_ground_truth(
     # Nothing left behind: no server, no work directory.
     assert wait_until(lambda: not iperf3_pids(lab, "tagent") and not iperf3_pids(lab, "tssh"), 20.0)
     assert list((agent.dir / "state" / "work").iterdir()) == []
-    assert not list(Path("/tmp").glob("iepm-????????"))
+    assert not list((tmp_path / "sshwork").glob("iepm-????????"))
 
 
 def test_two_monitors_share_an_agent_target_and_never_overlap(
