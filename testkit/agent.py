@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,41 @@ import psutil
 from iepm.remote.client import AgentClient
 from iepm.remote.trust import new_token, token_digest
 from testkit.net import free_port, wait_listening
+
+# A server under test may take this long to listen on a loaded host (Python's start-up alone was
+# seen past 10 s at load 20 on 2 cores); one that fails exits, and is reported at once.
+START_BOUND_S = 120.0
+
+
+def await_listening(
+    proc: subprocess.Popen[bytes],
+    address: str,
+    port: int,
+    netns: str | None,
+    bound_s: float = START_BOUND_S,
+) -> float:
+    """Wait until ``proc`` listens on ``address:port``; AssertionError at once if it exits, or
+    after ``bound_s``, with the figures. Returns the seconds it took."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            wait_listening(address, port, timeout_s=0.5, netns=netns)
+            return time.monotonic() - t0
+        except TimeoutError:
+            pass
+        waited_s = time.monotonic() - t0
+        code = proc.poll()
+        if code is not None:
+            raise AssertionError(
+                f"it exited with code {code} after {waited_s:.1f} s, before listening on "
+                f"{address}:{port}"
+            )
+        if waited_s > bound_s:
+            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            raise AssertionError(
+                f"not listening on {address}:{port} after {waited_s:.0f} s (load {load})"
+            )
+
 
 # Monitors every test agent knows, with their limits. "strict" has tight limits to trip;
 # "nobody" may run nothing; "hourly" may run one test per hour.
@@ -72,10 +108,10 @@ class RunningAgent:
             self.argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
         )
         try:
-            wait_listening(self.address, self.port, timeout_s=30, netns=self.netns)
-        except TimeoutError:
+            await_listening(self.proc, self.address, self.port, self.netns)
+        except AssertionError as exc:
             self.stop()
-            raise AssertionError(f"agent did not start:\n{self.log_path.read_text()}") from None
+            raise AssertionError(f"agent did not start: {exc}\n{self.log_text()}") from None
 
     def kill9(self) -> None:
         """The agent dies without cleaning up (its servers die with it: PDEATHSIG)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from iepm.config import SshAccess
 from iepm.lab.sshd import prepare_sshd, sshd_argv
 from iepm.runner import start_process_sync
-from testkit.net import wait_listening
+from testkit.agent import await_listening
 
 
 @dataclass
@@ -26,12 +26,13 @@ class Sshd:
     proc: subprocess.Popen[bytes]
 
     def access(self, **changes: object) -> SshAccess:
+        """Access to this server; each SSH step has the product's default deadline (one that
+        holds on a busy host) unless ``changes`` says otherwise."""
         fields: dict[str, object] = {
             "user": "root",
             "key_file": str(self.client_key),
             "port": self.port,
             "known_hosts": str(self.known_hosts),
-            "step_timeout_s": 5.0,
         }
         return SshAccess.model_validate({**fields, **changes})
 
@@ -62,7 +63,13 @@ def private_sshd(
     tool = start_process_sync(argv, stdout=log, stderr=log)
     proc = tool.popen
     try:
-        wait_listening(address, port, timeout_s=10, netns=netns)
+        try:
+            await_listening(proc, address, port, netns)
+        except AssertionError as exc:
+            log.flush()
+            raise AssertionError(
+                f"sshd did not start: {exc}\n{(tmp / 'sshd.log').read_text(errors='replace')}"
+            ) from None
         yield Sshd(
             address,
             port,

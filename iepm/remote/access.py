@@ -8,7 +8,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from iepm.remote.servers import IPERF3
+from iepm.remote.servers import IPERF3, SERVER_START_TIMEOUT_S
 
 
 class StrictModel(BaseModel):
@@ -43,8 +43,9 @@ class AgentAccess(StrictModel):
 
     def setup_budget_s(self) -> float:
         """Longest a test can spend on the agent besides the tool itself: waiting for the slot,
-        then the request that opens it and the one that releases it."""
-        return self.slot_wait_s + 2 * self.request_timeout_s
+        then the request that opens it (and waits for its server to listen) and the one that
+        releases it."""
+        return self.slot_wait_s + 2 * self.request_timeout_s + SERVER_START_TIMEOUT_S
 
     @model_validator(mode="after")
     def _cert_pair(self) -> AgentAccess:
@@ -61,8 +62,11 @@ class SshAccess(StrictModel):
     port: int = Field(default=22, ge=1, le=65535)
     # Host keys are always checked; `iepm target add --mode ssh` shows how to fill this file.
     known_hosts: str = "~/.ssh/known_hosts"
-    # Deadline of each step (connect + authenticate, each remote command).
-    step_timeout_s: float = Field(default=10.0, ge=1.0, le=120.0)
+    # Deadline of each step (connect + key exchange + authenticate, each remote command). Each
+    # waits on the target's CPU (sshd forks, exchanges keys, starts a shell): a busy host was
+    # seen to take over 5 s for one, so the default holds a loaded target; a host that is down
+    # or a refused key still fails at once or at this deadline, never at a password prompt.
+    step_timeout_s: float = Field(default=30.0, ge=1.0, le=120.0)
     # Port the iperf3 server is started on at the target.
     server_port: int = Field(default=5201, ge=1, le=65535)
     iperf3_path: str = "iperf3"

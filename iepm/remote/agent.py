@@ -451,6 +451,7 @@ class Agent:
                 )
                 raise Refused(503, Refusal(error="failed", message=message)) from None
             output = bytearray()
+            started = time.monotonic()
             if await self._wait_listening(kind, process, output):
                 now = time.monotonic()
                 return Slot(
@@ -468,8 +469,18 @@ class Agent:
                     expected_end_mono=now + grant.test_s + 2.0,
                     output=output,
                 )
+            waited_s = time.monotonic() - started
             await process.stop()
-            failures.append(f"port {port}: {output.decode(errors='replace').strip()[-200:]}")
+            said = output.decode(errors="replace").strip()[-200:]
+            if not said:
+                # Silence is a reason too: the server hung before listening, or ended mute.
+                limit_s = self.settings.server_start_timeout_s
+                said = (
+                    f"no answer within {limit_s:g} s"
+                    if waited_s >= limit_s
+                    else f"it ended without a word after {waited_s:.1f} s"
+                )
+            failures.append(f"port {port}: {said}")
             if b"in use" not in output:
                 break
         shutil.rmtree(workdir, ignore_errors=True)

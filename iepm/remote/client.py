@@ -29,6 +29,7 @@ from iepm.remote.protocol import (
     SlotState,
     Usage,
 )
+from iepm.remote.servers import SERVER_START_TIMEOUT_S
 from iepm.remote.trust import read_token
 
 # A release must not be skipped because the probe was cancelled; it gets its own deadline.
@@ -104,7 +105,8 @@ class AgentClient:
         async def call() -> tuple[int, dict[str, Any]]:
             async with httpx.AsyncClient(
                 base_url=self.url,
-                timeout=timeout_s,
+                # A longer request (a slot's) still connects within the client's own deadline.
+                timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, self.timeout_s)),
                 verify=self._verify,
                 headers={"Authorization": f"Bearer {self._token}"},
                 trust_env=False,
@@ -153,7 +155,10 @@ class AgentClient:
         give_up = time.monotonic() + wait_s
         body = request.model_dump(mode="json")
         while True:
-            status, answer = await self.request("POST", "/v1/slots", body)
+            # The answer comes once the slot's server listens: the agent's start wait on top.
+            status, answer = await self.request(
+                "POST", "/v1/slots", body, timeout_s=self.timeout_s + SERVER_START_TIMEOUT_S
+            )
             if status == 201:
                 try:
                     return SlotGrant.model_validate(answer)

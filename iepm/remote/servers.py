@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+# How long an agent waits by default for a new server to listen (agent.toml's
+# server_start_timeout_s). Generous: a busy host (load 15 on 2 cores) was seen to miss 5 s, and a
+# server that cannot start exits at once, so only one that hangs before listening costs this.
+# A monitor's slot request waits this much longer than its other requests.
+SERVER_START_TIMEOUT_S = 30.0
+
 # Where a slot's files live: "memory" on a memory file system (a copy's sink that never touches
 # a disk), "disk" under the agent's state directory.
 Storage = Literal["memory", "disk"]

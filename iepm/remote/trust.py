@@ -22,7 +22,7 @@ from pydantic_core import ErrorDetails
 
 from iepm import tomlload
 from iepm.errors import ConfigError
-from iepm.remote.servers import IPERF3, KINDS
+from iepm.remote.servers import IPERF3, KINDS, SERVER_START_TIMEOUT_S
 from iepm.units import size_bytes
 
 MONITOR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -167,8 +167,8 @@ class AgentSettings(StrictModel):
     server_bind: str | None = None
     # Slot deadline = test duration + omit + this; the server is killed then, whatever happens.
     slot_grace_s: float = Field(default=10.0, ge=1.0, le=600.0)
-    # How long a new server may take to listen.
-    server_start_timeout_s: float = Field(default=5.0, ge=0.5, le=60.0)
+    # How long a new server may take to listen (see SERVER_START_TIMEOUT_S).
+    server_start_timeout_s: float = Field(default=SERVER_START_TIMEOUT_S, ge=0.5, le=120.0)
     # Program of each server kind, when not the one on PATH: {iperf3 = "/opt/iperf3/bin/iperf3"}.
     programs: dict[str, str] = Field(default_factory=dict)
     # Older name for programs.iperf3.

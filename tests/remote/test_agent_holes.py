@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import time
@@ -20,6 +21,17 @@ import pytest
 from iepm.remote.httpguard import FD_RESERVE
 from testkit.agent import RunningAgent, running_agent
 from testkit.net import wait_until
+
+pytestmark = pytest.mark.servers
+
+
+@pytest.fixture(scope="module")
+def loopback_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
+    """The module's agent: a slot's grace past its test long enough for a loaded host to run a
+    1 s test to its end (3 s was seen to expire it). No test here waits for a deadline: every
+    slot ends by its guard, its end or its release."""
+    with running_agent(tmp_path_factory.mktemp("agent"), grace_s=30.0) as agent:
+        yield agent
 
 
 def post_slot(agent: RunningAgent, body: dict[str, Any], monitor: str = "mon1") -> dict[str, Any]:
@@ -53,6 +65,13 @@ def iperf3_client(port: int, *args: str, duration_s: int = 3) -> tuple[dict[str,
     return report, time.monotonic() - t0
 
 
+def late(elapsed_s: float, limit_s: float) -> str:
+    """The failure message of a bound on wall time: it holds on a host that runs the client
+    and the agent in time (timing fidelity), so say how loaded this one was."""
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{elapsed_s:.2f} s, bound {limit_s} s (host load {load}: timing fidelity)"
+
+
 def received_bytes(report: dict[str, Any]) -> int:
     return int(report.get("end", {}).get("sum_received", {}).get("bytes", 0))
 
@@ -82,8 +101,8 @@ def test_more_streams_than_granted_are_cut_before_data_flows(
     # got no test (an error, nothing received) and was stopped well before its 3 s.
     assert state["server_output"].count(" connected to ") <= 2
     assert "error" in report and received_bytes(report) == 0
-    assert elapsed < 3
-    assert wait_until(lambda: loopback_agent.servers() == [], 5)
+    assert elapsed < 3, late(elapsed, 3)
+    assert wait_until(lambda: loopback_agent.servers() == [], 20.0)
 
 
 @pytest.mark.parametrize(
@@ -112,8 +131,8 @@ def test_a_larger_window_or_another_protocol_than_granted_is_cut(
     assert why in state["cut_reason"]
     # The 3 s test did not run: cut within its first moments.
     assert "error" in report
-    assert elapsed < 2.5
-    assert wait_until(lambda: loopback_agent.servers() == [], 5)
+    assert elapsed < 2.5, late(elapsed, 2.5)
+    assert wait_until(lambda: loopback_agent.servers() == [], 20.0)
 
 
 @pytest.mark.parametrize(
@@ -135,7 +154,7 @@ def test_a_test_within_its_grant_runs_to_the_end(
         report, _ = iperf3_client(grant["port"], *args, duration_s=1)
         # The one-shot server exits a moment after the client.
         assert wait_until(
-            lambda: slot_state(loopback_agent, grant["slot_id"])["state"] != "running", 5
+            lambda: slot_state(loopback_agent, grant["slot_id"])["state"] != "running", 30
         )
         state = slot_state(loopback_agent, grant["slot_id"])
     finally:
@@ -196,7 +215,7 @@ def test_incomplete_requests_time_out_and_connections_are_capped(loris_agent: Ru
         # Those over max_connections are closed as they come (a few accept batches may be in
         # flight for a moment), well before the 3 s request deadline closes the rest.
         assert wait_until(lambda: established(loris_agent) <= 32, 2.0, step_s=0.05)
-        assert time.monotonic() - opened < 3.0
+        assert time.monotonic() - opened < 3.0, late(time.monotonic() - opened, 3.0)
         # Every one is closed: over the cap at once, the rest at their request deadline.
         give_up = opened + 3.0 + 5.0
         still_open = [s for s in sockets if not closed_by_peer(s, give_up - time.monotonic())]

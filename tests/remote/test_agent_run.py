@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from iepm.remote.agent import create_app
 from iepm.remote.protocol import RunAnswer
 from iepm.remote.trust import load_agent_config_text, new_token, token_digest
 from testkit.net import wait_until
+
+pytestmark = pytest.mark.servers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -173,7 +176,10 @@ def test_a_bad_parameter_is_the_commands_own_one_line_error(
 def test_tests_per_hour_is_enforced_with_retry_after(
     tmp_path: Path, tokens: dict[str, str]
 ) -> None:
-    config = load_agent_config_text(agent_toml(tmp_path / "state", tokens))
+    # What is counted is the run, not what it measured: a command that does nothing at once.
+    config = load_agent_config_text(
+        agent_toml(tmp_path / "state", tokens, iepm_command=[shutil.which("true") or "true"])
+    )
     app = create_app(config)
     headers = {"Authorization": f"Bearer {tokens['control']}"}
     body = {**PING, "params": {"count": 1, "interval_s": 0.2}}
@@ -242,7 +248,10 @@ def test_the_last_hours_runs_survive_an_agent_restart(
 ) -> None:
     from iepm.remote.agent import Agent
 
-    config = load_agent_config_text(agent_toml(tmp_path / "state", tokens))
+    # What survives is the run's stamp, not what it measured: a command that does nothing.
+    config = load_agent_config_text(
+        agent_toml(tmp_path / "state", tokens, iepm_command=[shutil.which("true") or "true"])
+    )
     first = Agent(config)
     first.sweep_orphans()
     body = {**PING, "params": {"count": 1, "interval_s": 0.2}}

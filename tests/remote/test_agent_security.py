@@ -20,8 +20,10 @@ from iepm.rawlog import RawLog
 from iepm.remote.agent import Agent
 from iepm.remote.lease import server_source
 from iepm.remote.trust import load_agent_config
-from testkit.agent import RunningAgent
+from testkit.agent import RunningAgent, running_agent
 from testkit.net import wait_until
+
+pytestmark = pytest.mark.servers
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def test_another_monitors_slot_cannot_be_seen_or_released(loopback_agent: Runnin
         assert len(loopback_agent.servers()) == 1
     finally:
         release_all(loopback_agent, "mon1", granted)
-    assert wait_until(lambda: loopback_agent.servers() == [], 5)
+    assert wait_until(lambda: loopback_agent.servers() == [], 20.0)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +124,7 @@ def test_tests_per_hour_is_enforced_with_retry_after(loopback_agent: RunningAgen
     first = post_slot(loopback_agent, {"duration_s": 1}, loopback_agent.tokens["hourly"])
     assert first.status_code == 201, first.text
     release_all(loopback_agent, "hourly", first)
-    assert wait_until(lambda: loopback_agent.servers() == [], 5)
+    assert wait_until(lambda: loopback_agent.servers() == [], 20.0)
     second = post_slot(loopback_agent, {"duration_s": 1}, loopback_agent.tokens["hourly"])
     assert second.status_code == 429, second.text
     assert second.json()["limit"] == "tests_per_hour"
@@ -145,7 +147,7 @@ def test_slots_are_exclusive_and_busy_answers_say_when_to_retry(
     finally:
         release_all(loopback_agent, "mon1", first)
     # Released: the server is gone, its work directory removed, the next monitor gets a slot.
-    assert wait_until(lambda: loopback_agent.servers() == [], 5)
+    assert wait_until(lambda: loopback_agent.servers() == [], 20.0)
     assert list((loopback_agent.dir / "state" / "work").iterdir()) == []
     again = post_slot(loopback_agent, {"duration_s": 1}, loopback_agent.tokens["mon2"])
     assert again.status_code == 201, again.text
@@ -272,3 +274,22 @@ def load_agent_config_text_for(state_dir: Path) -> Any:
     path = state_dir.parent / "agent.toml"
     path.write_text(f'[agent]\nstate_dir = "{state_dir}"\n')
     return load_agent_config(path)
+
+
+def test_a_server_that_never_says_ready_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """A server that hangs silently before listening, or ends without a word: the refusal
+    still says why (not an empty reason)."""
+    mode = tmp_path / "mode"
+    fake = tmp_path / "iperf3"
+    fake.write_text(f'#!/bin/sh\n[ "$(cat {mode})" = hang ] && exec sleep 60\nexit 3\n')
+    fake.chmod(0o755)
+    settings = {"programs": {"iperf3": str(fake)}, "server_start_timeout_s": 1.0}
+    with running_agent(tmp_path / "agent", settings=settings) as agent:
+        for how, why in [("hang", "no answer within 1 s"), ("end", "ended without a word")]:
+            mode.write_text(how)
+            response = post_slot(agent, {"duration_s": 1}, agent.tokens["mon1"])
+            assert response.status_code == 503, response.text
+            message = response.json()["message"]
+            assert "the iperf3 server did not start: port " in message and why in message, message
+            assert wait_until(lambda: agent.servers() == [], 20.0)
+            assert list((agent.dir / "state" / "work").iterdir()) == []

@@ -20,6 +20,8 @@ from iepm.errors import RemoteError
 from iepm.remote.client import AgentClient, Refusal
 from testkit.agent import RunningAgent, running_agent
 
+pytestmark = pytest.mark.servers
+
 NOW = dt.datetime.now(dt.UTC)
 
 

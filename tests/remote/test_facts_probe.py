@@ -22,6 +22,8 @@ from testkit.agent import RunningAgent
 from testkit.net import free_port
 from testkit.sshd import Sshd, private_sshd
 
+pytestmark = pytest.mark.servers
+
 KEYS = ("kernel_release", "cpu_count", "tcp_rmem_bytes", "tcp_wmem_bytes", "rmem_max_bytes")
 KEYS += ("wmem_max_bytes", "tcp_congestion_control", "tcp_rmem_max_bytes")
 

@@ -21,6 +21,7 @@ from iepm.config import Config, load_config_text
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
 from iepm.remote.protocol import SlotRequest
+from iepm.remote.ssh import connect
 from iepm.results import Result
 from iepm.scheduler import Scheduler
 from iepm.store import Archive
@@ -108,6 +109,9 @@ credential_file = "{agent.token_file(monitor)}"
 slot_wait_s = 12
 """
     if sshd is not None:
+        # The test's own work directory on the target (the namespaces share this file system):
+        # what it leaves there is its own, whatever else runs on this host.
+        (tmp / "sshwork").mkdir(exist_ok=True)
         text += f"""
 [[targets]]
 name = "tssh"
@@ -119,8 +123,8 @@ user = "root"
 key_file = "{sshd.client_key}"
 port = {sshd.port}
 known_hosts = "{sshd.known_hosts}"
-step_timeout_s = 5
 server_port = 5333
+work_dir = "{tmp}/sshwork"
 """
     return load_config_text(text)
 
@@ -142,6 +146,19 @@ def iperf3_pids(lab: Lab, node: str) -> list[int]:
             if Path(f"/proc/{pid}/comm").read_text().strip() == "iperf3":
                 pids.append(int(pid))
     return pids
+
+
+def login_s(lab: Lab, sshd: Sshd) -> float:
+    """Seconds one good log-in from mon1 to tssh takes now."""
+
+    async def once() -> float:
+        t0 = time.monotonic()
+        conn = await connect(sshd.access(), lab.address("tssh"), lab.netns("mon1"))
+        conn.close()
+        await conn.wait_closed()
+        return time.monotonic() - t0
+
+    return asyncio.run(once())
 
 
 def by(results: list[Result], target: str, probe: str) -> Result:
@@ -173,9 +190,9 @@ def test_full_cycle_to_agent_and_ssh_targets_matches_ground_truth(
         assert bw.params["port"] != 5201
         assert ("[agent " if target == "tagent" else "[ssh ") in bw.diags
     # Nothing left behind: no server, no work directory.
-    assert wait_until(lambda: not iperf3_pids(lab, "tagent") and not iperf3_pids(lab, "tssh"), 5)
+    assert wait_until(lambda: not iperf3_pids(lab, "tagent") and not iperf3_pids(lab, "tssh"), 20.0)
     assert list((agent.dir / "state" / "work").iterdir()) == []
-    assert not list(Path("/tmp").glob("iepm-????????"))
+    assert not list((tmp_path / "sshwork").glob("iepm-????????"))
 
 
 def test_two_monitors_share_an_agent_target_and_never_overlap(
@@ -241,7 +258,7 @@ def test_agent_restarted_mid_slot_the_next_test_still_works(
     agent.kill9()
     agent.start()
     # The old server died with the agent; its slot is gone; limits' counts survived.
-    assert wait_until(lambda: not iperf3_pids(lab, "tagent"), 5)
+    assert wait_until(lambda: not iperf3_pids(lab, "tagent"), 20.0)
     assert agent.state()["servers"] == []
     with pytest.raises(Exception, match="404"):
         asyncio.run(client.slot(slot.slot_id))
@@ -255,6 +272,10 @@ def test_agent_restarted_mid_slot_the_next_test_still_works(
 def test_ssh_target_with_a_revoked_key_fails_within_the_deadline(
     lab: Lab, sshd: Sshd, agent: RunningAgent, tmp_path: Path
 ) -> None:
+    # At once: never a password prompt, never a hang — 7 s on a quiet host, or three good
+    # log-ins' time where one takes longer (timing fidelity: a busy host); the step deadline
+    # (longer) did not end it, the refusal did (the error says so).
+    limit_s = max(7.0, 3 * login_s(lab, sshd))
     saved = sshd.authorized_keys.read_text()
     sshd.revoke()
     try:
@@ -267,7 +288,7 @@ def test_ssh_target_with_a_revoked_key_fails_within_the_deadline(
         sshd.authorized_keys.write_text(saved)
     assert not result.succeeded
     assert "refused this monitor's key" in (result.error or "")
-    assert elapsed < 5 + 2  # within the step deadline: never a password prompt, never a hang
+    assert elapsed < limit_s, f"{elapsed:.1f} s for a refused key; at once here: {limit_s:.1f} s"
     # sshd writes its log line after the client has gone: wait for it (bounded).
     assert wait_until(
         lambda: "Failed publickey" in sshd.log() or "Connection closed" in sshd.log(), 10

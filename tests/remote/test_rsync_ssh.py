@@ -32,7 +32,10 @@ from iepm.runner import RawRun
 from testkit.net import free_port, wait_until
 from testkit.sshd import Sshd, private_sshd
 
-pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync missing")
+pytestmark = [
+    pytest.mark.servers,
+    pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync missing"),
+]
 # What a target without rsync still has: the shell tools the lease and the copy's wrapper use.
 BASICS = ("sh", "mktemp", "timeout", "cat", "rm", "sleep")
 
@@ -57,13 +60,8 @@ def work_dir() -> Iterator[Path]:
         yield Path(name)
 
 
-# Log-in and each remote step: generous, as the other suites load the two cores (a 5 s key
-# exchange was seen to miss).
-STEP_S = 20.0
-
-
 def context(access: SshAccess) -> ProbeContext:
-    access = access.model_copy(update={"step_timeout_s": max(access.step_timeout_s, STEP_S)})
+    # Log-in and each remote step: the product's default deadline, which holds on a busy host.
     return ProbeContext(target="loop", address="127.0.0.1", servers=server_source(access))
 
 
@@ -120,7 +118,7 @@ def test_a_memory_copy_measures_its_phases_and_leaves_nothing(
     else:
         assert data["tool_throughput_bps"] >= 0.9 * data["throughput_bps"]
     assert f"{memory_dir}/iepm-" in result.diags and result.tool_version.startswith("rsync")
-    assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
+    assert wait_until(lambda: nothing_left(sshd, memory_dir), 20.0)
 
 
 @pytest.mark.parametrize("commit", ["at_end", "none"])
@@ -138,7 +136,7 @@ def test_a_disk_copy_commits_when_asked(sshd: Sshd, work_dir: Path, commit: str)
     assert data["committed_throughput_bps"] <= data["throughput_bps"]
     # The seeded source stays for the next run; the copy on the target does not.
     assert [p.name for p in source_dir.iterdir()] == [f"iepm-xrdcp-{8 * 1024**2}.src"]
-    assert wait_until(lambda: nothing_left(sshd, target_dir), 5.0)
+    assert wait_until(lambda: nothing_left(sshd, target_dir), 20.0)
 
 
 def test_streams_are_read_apart_when_the_command_runs_in_a_namespace() -> None:
@@ -161,7 +159,6 @@ def test_a_copy_over_streams_is_read_again_from_its_raw_log(
     """What ``iepm extract`` does: the one raw record of the set, parsed again with the spec it
     kept, gives the result's figures."""
     access = sshd.access(memory_dir=str(memory_dir))
-    access = access.model_copy(update={"step_timeout_s": STEP_S})
     raw_log = RawLog(tmp_path / "raw")
     ctx = ProbeContext(
         target="loop", address="127.0.0.1", servers=server_source(access), raw_log=raw_log
@@ -173,7 +170,7 @@ def test_a_copy_over_streams_is_read_again_from_its_raw_log(
         rsync_mem, rsync_mem.Spec.model_validate(logged.params), ctx, logged.raw, None
     )
     assert again.data == result.data and again.data["streams"] == 3
-    assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
+    assert wait_until(lambda: nothing_left(sshd, memory_dir), 20.0)
 
 
 # --- failures are data, nothing left behind -----------------------------------------------------
@@ -195,7 +192,7 @@ def test_a_target_without_rsync_is_told_which_package_to_install(
         assert "rsync is not installed on root@127.0.0.1 (Debian: apt-get install rsync)" in (
             result.error or ""
         ), result.error
-        assert wait_until(lambda: nothing_left(bare, memory_dir), 5.0)
+        assert wait_until(lambda: nothing_left(bare, memory_dir), 20.0)
 
 
 def test_a_monitor_without_rsync_is_told_which_package_to_install(
@@ -250,7 +247,7 @@ def test_a_full_disk_on_the_target_fails_the_copy_and_removes_it(
             result.error or ""
         ), result.error
         assert "No space left on device" in (result.error or "")
-        assert wait_until(lambda: nothing_left(sshd, target), 5.0)
+        assert wait_until(lambda: nothing_left(sshd, target), 20.0)
 
 
 def test_a_full_memory_file_system_fails_every_stream_and_removes_them(
@@ -263,7 +260,7 @@ def test_a_full_memory_file_system_fails_every_stream_and_removes_them(
         assert "no room for the copy on root@127.0.0.1: its file system is full" in (
             result.error or ""
         ), result.error
-        assert wait_until(lambda: nothing_left(sshd, target), 5.0)
+        assert wait_until(lambda: nothing_left(sshd, target), 20.0)
 
 
 @pytest.mark.parametrize("streams", [1, 4])
@@ -296,7 +293,7 @@ def test_a_hung_copy_is_killed_at_its_limit_and_cleaned_on_the_target(
     assert len(stopped) >= streams, f"the target's rsyncs never started: {result.error}"
     assert result.outcome == Outcome.TIMEOUT, (result.error, result.diags[-1500:])
     assert "did not finish within its 10 s deadline" in (result.error or "")
-    assert wait_until(lambda: nothing_left(sshd, memory_dir), 5.0)
+    assert wait_until(lambda: nothing_left(sshd, memory_dir), 20.0)
 
 
 MONITOR_SCRIPT = """
@@ -319,8 +316,7 @@ print(result.outcome, result.error, flush=True)
 def test_a_monitor_killed_mid_copy_leaves_nothing_on_either_side(
     sshd: Sshd, memory_dir: Path, streams: int
 ) -> None:
-    access = sshd.access(memory_dir=str(memory_dir), step_timeout_s=STEP_S)
-    sources_before = {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")}
+    access = sshd.access(memory_dir=str(memory_dir))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     monitor = subprocess.Popen(
         [sys.executable, "-c", MONITOR_SCRIPT, access.model_dump_json(), str(streams)],
@@ -353,11 +349,15 @@ def test_a_monitor_killed_mid_copy_leaves_nothing_on_either_side(
     assert wait_until(lambda: not any(alive(p) for p in tools), 10.0)
     # The target's side: its rsync and the copy's directory go when the connection closes.
     assert wait_until(lambda: nothing_left(sshd, memory_dir), 10.0)
-    # The killed monitor's sparse source goes at the next copy's start.
-    left = {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")} - sources_before
-    assert left and all(name.startswith(f"iepm-xrdcp-{monitor.pid}-") for name in left)
+
+    # The killed monitor's sparse source goes at the next copy's start. Only its own names
+    # count: another copy on this host may hold (or have left) its own meanwhile.
+    def own_sources() -> set[str]:
+        return {p.name for p in Path("/dev/shm").glob(f"iepm-xrdcp-{monitor.pid}-*")}
+
+    assert own_sources()
     xrdcp.sweep_sources()
-    assert not {p.name for p in Path("/dev/shm").glob("iepm-xrdcp-*")} - sources_before
+    assert not own_sources()
 
 
 def alive(process: psutil.Process) -> bool:
@@ -377,7 +377,7 @@ def test_a_plain_or_agent_target_cannot_copy_over_ssh(memory_dir: Path) -> None:
 def test_checking_an_ssh_target_reports_rsync_and_room_for_copies(
     sshd: Sshd, memory_dir: Path, work_dir: Path
 ) -> None:
-    access = sshd.access(memory_dir=str(memory_dir), work_dir=str(work_dir), step_timeout_s=STEP_S)
+    access = sshd.access(memory_dir=str(memory_dir), work_dir=str(work_dir))
     found = asyncio.run(check_target(access, "127.0.0.1"))
     assert str(found["rsync"]).startswith("rsync  version ")
     assert int(found["memory_dir_free_bytes"] or 0) > 0

@@ -28,7 +28,10 @@ from testkit.agent import (
 )
 from testkit.net import wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("xrootd") is None, reason="xrootd-server missing")
+pytestmark = [
+    pytest.mark.servers,
+    pytest.mark.skipif(shutil.which("xrootd") is None, reason="xrootd-server missing"),
+]
 
 
 @pytest.fixture(scope="module")
