@@ -20,6 +20,9 @@ from iepm.probes import all_metrics
 from iepm.results import Purpose, Result, new_result_id
 from iepm.store import Archive
 
+# A real PostgreSQL server (the archive_url fixture's pg case) and the CLI in subprocesses.
+pytestmark = pytest.mark.servers
+
 REPO = Path(__file__).resolve().parents[2]
 END = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 STEP = timedelta(hours=1)

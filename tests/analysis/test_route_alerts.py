@@ -7,12 +7,17 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from iepm.analysis.alerts import load_alerts
 from iepm.analysis.watch import AlertWatcher, hops_changed
 from iepm.analysis.webhook import Notifier, WebhookSender
 from iepm.results import Result
 from iepm.store import Archive
 from testkit.httpd import receiver
+
+# A real HTTP receiver on loopback (testkit.httpd) for the webhook.
+pytestmark = pytest.mark.servers
 
 T0 = datetime(2026, 11, 25, 1, tzinfo=UTC)
 A, B, C, X = "198.18.0.1", "198.18.0.2", "198.18.0.3", "198.18.0.9"

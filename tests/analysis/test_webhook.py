@@ -16,6 +16,9 @@ from iepm.store import Archive
 from testkit.httpd import receiver
 from testkit.net import free_port
 
+# A real HTTP receiver on loopback (testkit.httpd).
+pytestmark = pytest.mark.servers
+
 
 def an_alert(**over: object) -> Alert:
     now = utcnow()

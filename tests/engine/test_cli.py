@@ -12,6 +12,8 @@ import pytest
 
 from testkit.net import iperf3_server
 
+pytestmark = pytest.mark.servers  # real iperf3 servers/tools (or iepm processes) on loopback
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO.parent / "shared" / "data" / "fixtures" / "linux-ping-traceroute"
 

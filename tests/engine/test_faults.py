@@ -29,6 +29,8 @@ from iepm.store.spool import Spool
 from testkit.faults import fill, is_full, private_postgres, thawed_after, tmpfs
 from testkit.net import is_root
 
+pytestmark = pytest.mark.servers  # real iperf3 servers/tools (or iepm processes) on loopback
+
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root to mount a small tmpfs")
 
 

@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from iepm.store import Archive
 from testkit.net import iperf3_server
+
+pytestmark = pytest.mark.servers  # real iperf3 servers/tools (or iepm processes) on loopback
 
 RESULT_LINE = re.compile(r"^\S+ (\S+) (\S+) (ok|failed|timeout|skipped): .* \[([0-9a-f]{32})\]$")
 

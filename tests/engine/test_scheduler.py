@@ -18,6 +18,8 @@ from iepm.scheduler import CycleReport, Scheduler
 from iepm.store import Archive
 from testkit.net import blackhole_netns, iperf3_server, is_root
 
+pytestmark = pytest.mark.servers  # real iperf3 servers/tools (or iepm processes) on loopback
+
 
 def config_text(
     tmp_path: Path, archive_url: str, port: int, extra: str = "", interval: float = 300

@@ -41,6 +41,9 @@ PATHS = [(10, 0.7), (100, 0.0), (100, 0.5), (200, 0.3)]
 HOST_LATE_SHARE = 0.02
 RETAKES = 4
 LATE_HOST: list[str] = []
+# Per estimate (by result id): the timer meter's share of late wake-ups before/after each try,
+# for the failure messages of the assertions that depend on the delay line's timing.
+TIMER: dict[str, list[tuple[float, float]]] = {}
 
 
 def topology(rate_mbit: float, cross_mbit: float) -> dict[str, Any]:
@@ -111,6 +114,7 @@ def on_a_timely_host(estimate: Callable[[], Result]) -> Result:
         result = estimate()
         after = timer_lateness_us(0.3)
         meters.append((round(before["late_share"], 3), round(after["late_share"], 3)))
+        TIMER[result.id] = list(meters)
         if max(meters[-1]) <= HOST_LATE_SHARE:
             return result
     LATE_HOST.append(
@@ -142,9 +146,11 @@ def test_estimates_keep_their_budget_read_the_capacity_and_fall_with_cross_traff
         truth_bps = rate_mbit * 1e6 - cross_bps
         for r in results:
             d = r.data
-            assert d["probe_bytes"] <= 100_000 and d["estimate_s"] <= 1.0, d
-            assert d["capacity_bps"] == pytest.approx(rate_mbit * 1e6, rel=0.1), d
-            assert 0 <= d["available_bps"] <= d["capacity_bps"] * 1.05, d
+            # The host's timer figures: the capacity and estimate read the delay line's timing.
+            host = f"host timer late share before/after each try: {TIMER.get(r.id)}; {LATE_HOST}"
+            assert d["probe_bytes"] <= 100_000 and d["estimate_s"] <= 1.0, (d, host)
+            assert d["capacity_bps"] == pytest.approx(rate_mbit * 1e6, rel=0.1), (d, host)
+            assert 0 <= d["available_bps"] <= d["capacity_bps"] * 1.05, (d, host)
         medians[(rate_mbit, share)] = statistics.median(r.data["available_bps"] for r in results)
         print(
             f"C {rate_mbit} Mbit/s, cross {cross_bps / 1e6:.1f} Mbit/s, A {truth_bps / 1e6:.1f}: "

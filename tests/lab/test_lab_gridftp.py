@@ -7,28 +7,27 @@ file system."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import tempfile
-import threading
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
-import psutil
 import pytest
 
 from iepm.config import AgentAccess
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
-from iepm.probes import gridftp_disk, gridftp_mem, iperf3, rsync_mem, xrdcp_mem
+from iepm.probes import gridftp_disk, gridftp_mem, iperf3
 from iepm.probes.base import ProbeContext
 from iepm.remote.lease import server_source
-from iepm.results import Result
 from testkit.agent import RunningAgent, running_agent
-from testkit.copylab import agent_context, lab_agent
+from testkit.copylab import (
+    FLOORS,
+    agent_context,
+    comparison_table,
+    comparison_topology,
+    lab_agent,
+    seed_comparison,
+)
 from testkit.net import wait_until
 from testkit.slowdisk import slow_disk
 
@@ -134,100 +133,12 @@ def test_gridftp_disk_copy_reports_the_page_cache_rate_not_the_disks(tmp_path: P
         assert wait_until(lambda: not list((ag.dir / "state" / "work").glob("*")), 40.0)
 
 
-# --- the seed's comparison: iperf3 against each copy tool, per path ------------------------------
+# --- the seed's comparison: iperf3 against each copy tool, on one path --------------------------
 
-# name: (one-way delay ms, rate Mbit/s); modest rates, the delay lines share two busy cores.
-PATHS = {"near": (5.0, 200), "far": (20.0, 100)}
-COMPARE = {
-    "lab": {"name": "gcmp", "seed": 14},
-    "hosts": [{"name": "mon", "role": "monitor"}]
-    + [{"name": name, "role": "target"} for name in PATHS],
-    "links": [
-        {"a": "mon", "b": name, "delay_ms": delay, "rate_mbit": rate}
-        for name, (delay, rate) in PATHS.items()
-    ],
-}
-# What a copy must reach of tuned iperf3 here to count as working: a floor that catches a
-# broken copy, not the load of two shared cores (one run measured xrdcp at 0.63 on the near
-# path). The goal, 0.9, is asserted, with retries, by test_gridftp_memory_copy_against_tuned_iperf3
-# and tests/lab/test_lab_transfers.py; one SSH connection falls behind under load (README).
-FLOORS = {"xrdcp_mem": 0.5, "gridftp_mem": 0.5, "rsync_mem": 0.3}
-# The processes of each tool, client and server, whose CPU time a run is charged.
-TOOL_PROCESSES = {
-    "iperf3": {"iperf3"},
-    "xrdcp_mem": {"xrdcp", "xrootd"},
-    "gridftp_mem": {"globus-url-copy", "globus-gridftp-server", "globus-gridftp-"},
-    "rsync_mem": {"rsync", "ssh", "sshd"},
-}
-
-
-class CpuMeter:
-    """CPU seconds of this test's process tree (the agents' servers, sshd and the tools are
-    its descendants), by process name, sampled every 0.1 s from /proc: a process's last 0.1 s
-    before it exits may be missed. The delay line is counted on its own."""
-
-    def __init__(self, delay_line: int) -> None:
-        self.delay_line = delay_line
-        self.seen: dict[tuple[int, float], tuple[str, float]] = {}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self) -> None:
-        me = psutil.Process(os.getpid())
-        while not self.done.wait(0.1):
-            try:
-                procs = [*me.children(recursive=True), psutil.Process(self.delay_line)]
-            except psutil.Error:
-                continue
-            for proc in procs:
-                try:
-                    with proc.oneshot():
-                        times = proc.cpu_times()
-                        name = "delay line" if proc.pid == self.delay_line else proc.name()
-                        key = (proc.pid, proc.create_time())
-                except psutil.Error:
-                    continue
-                self.seen[key] = (name, times.user + times.system)
-
-    def run(self, step: Callable[[], Result]) -> tuple[Result, dict[str, float]]:
-        """``step``'s result and the CPU seconds each process name used meanwhile."""
-        before = dict(self.seen)
-        result = step()
-        self.done.wait(0.3)  # two more samples
-        used: dict[str, float] = {}
-        for key, (name, total) in dict(self.seen).items():
-            spent = total - before.get(key, (name, 0.0))[1]
-            if spent > 0:
-                used[name] = used.get(name, 0.0) + spent
-        return result, used
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join()
-
-
-def cpu_per_gb(tool: str, used: dict[str, float], nbytes: float) -> tuple[float, float]:
-    """The tool's CPU seconds (client and server) and the delay line's, per GB moved."""
-    names = TOOL_PROCESSES[tool]
-    mine = sum(s for name, s in used.items() if any(name.startswith(n) for n in names))
-    return mine / (nbytes / 1e9), used.get("delay line", 0.0) / (nbytes / 1e9)
-
-
-def moved(tool: str, run: Result, tuned: iperf3.Spec) -> float:
-    """Bytes a run moved while its CPU was counted (iperf3 sends through its omitted second)."""
-    if tool == "iperf3":
-        seconds = tuned.duration_s + tuned.omit_s
-        return float(run.data["throughput_bps"]) / 8 * seconds
-    return float(run.data["bytes"])
-
-
-def run_probe(module: ModuleType, spec: Any, ctx: ProbeContext) -> Result:
-    return asyncio.run(module.run(spec, ctx))
-
-
-def load1() -> float:
-    return os.getloadavg()[0]
+# The near path of benchmarks/seed_compare.py (which adds a 40 ms one and prints the table).
+SEED_PATHS = {"near": (5.0, 200)}
+# Each run about this long: long enough for TCP to leave slow start on a 10 ms RTT.
+SEED_SECONDS = 4
 
 
 @pytest.mark.skipif(
@@ -237,117 +148,17 @@ def load1() -> float:
 def test_seed_comparison_iperf3_against_each_copy_tool_per_path(
     module_lab_factory: LabFactory, tmp_path: Path
 ) -> None:
-    """IEPM-BW's Fig. 8 as a table: on each lab path, tuned iperf3 and a memory-to-memory copy
+    """IEPM-BW's Fig. 8 as a table, on one lab path: tuned iperf3 and a memory-to-memory copy
     by each tool (xrdcp and GridFTP through the target's agent, rsync over SSH to a private
-    sshd there), with the ratio of each copy to iperf3, each run's CPU per GB (the tool's two
-    ends and the lab's user-space delay line) and the load average when it ended."""
-    from testkit.net import free_port
-    from testkit.sshd import private_sshd
-
-    lab = module_lab_factory(COMPARE, prefix="gc")
-    lines = {link["b"]: link["delay_line_pid"] for link in lab.status()["links"].values()}
-    base = Path(tempfile.mkdtemp(prefix="iepm-gc-", dir="/var/tmp"))
-    memory = Path(tempfile.mkdtemp(prefix="iepm-gc-mem-", dir="/dev/shm"))
-    for path in (base, memory):
-        path.chmod(0o755)
-    rows = []
-    try:
-        for i, (name, (delay, rate)) in enumerate(PATHS.items()):
-            address = lab.address(name)
-            seconds = 8
-            size = f"{int(rate * seconds / 8 * 1.05)}M"  # ~8 s at the path's rate
-            with (
-                running_agent(
-                    base / name,
-                    address=address,
-                    port=AGENT_PORT + 1 + i,
-                    netns=lab.netns(name),
-                    settings={"memory_dir": str(memory / name)},
-                    kinds=("iperf3", "xrootd", "gridftp"),
-                ) as agent,
-                private_sshd(
-                    tmp_path / f"sshd-{name}", address, free_port(), lab.netns(name),
-                    password_auth=False,
-                ) as sshd,
-            ):  # fmt: skip
-                (base / name / "state").chmod(0o755)
-                ctx = context_for(lab, agent, name)
-                ssh_dir = memory / f"{name}-ssh"
-                ssh_dir.mkdir()
-                ssh_ctx = ProbeContext(
-                    name, address, "mon1", netns=lab.netns("mon"),
-                    servers=server_source(sshd.access(memory_dir=str(ssh_dir))),
-                )  # fmt: skip
-                tuned = iperf3.Spec(duration_s=8, omit_s=1, streams=4, window="1M")
-                one = tuned.model_copy(update={"streams": 1, "window": None})
-                xrdcp_spec = xrdcp_mem.Spec(size=size, streams=4, duration_s=30)
-                gridftp = gridftp_mem.Spec(size=size, streams=4, window="1M", duration_s=30)
-                rsync = rsync_mem.Spec(size=size, duration_s=60, streams=1)
-                chacha = rsync.model_copy(update={"cipher": "chacha20-poly1305@openssh.com"})
-                # Parallel rsync over as many SSH connections (fpsync, parsyncfp, xargs -P).
-                parallel = rsync.model_copy(update={"streams": rsync_mem.DEFAULT_STREAMS})
-                xrdcp_plain = xrdcp_spec.model_copy(update={"page_checksums": False})
-                via_agent = partial(run_probe, ctx=ctx)
-                over_ssh = partial(run_probe, ctx=ssh_ctx)
-                steps: list[tuple[str, str, Callable[[], Result]]] = [
-                    ("iperf3", "before", partial(via_agent, iperf3, tuned)),
-                    # rsync's reference too: one connection, the window autotuned.
-                    ("iperf3", "1 stream", partial(via_agent, iperf3, one)),
-                    (
-                        "xrdcp_mem",
-                        "4 streams, page CRCs",
-                        partial(via_agent, xrdcp_mem, xrdcp_spec),
-                    ),
-                    (
-                        "xrdcp_mem",
-                        "4 streams, no page CRCs",
-                        partial(via_agent, xrdcp_mem, xrdcp_plain),
-                    ),
-                    ("gridftp_mem", "4 streams, 1M", partial(via_agent, gridftp_mem, gridftp)),
-                    ("rsync_mem", "aes128-gcm", partial(over_ssh, rsync_mem, rsync)),
-                    (
-                        "rsync_mem",
-                        f"aes128-gcm, {parallel.streams} streams",
-                        partial(over_ssh, rsync_mem, parallel),
-                    ),
-                    ("rsync_mem", "chacha20-poly1305", partial(over_ssh, rsync_mem, chacha)),
-                    ("iperf3", "after", partial(via_agent, iperf3, tuned)),
-                ]
-                meter = CpuMeter(lines[name])
-                try:
-                    runs = [(tool, how, *meter.run(step), load1()) for tool, how, step in steps]
-                finally:
-                    meter.close()
-                for tool, how, run, _, _ in runs:
-                    assert run.succeeded, f"{name} {tool} {how}: {run.error}"
-                # iperf3 before and after the copies: the load of the cores moves meanwhile.
-                iperf_bps = (
-                    runs[0][2].data["throughput_bps"] + runs[-1][2].data["throughput_bps"]
-                ) / 2
-                for tool, how, run, used, load in runs:
-                    ratio = run.data["throughput_bps"] / iperf_bps
-                    cpu = cpu_per_gb(tool, used, moved(tool, run, tuned))
-                    rows.append(
-                        (name, delay * 2, rate, tool, how, iperf_bps, run, ratio, cpu, load)
-                    )
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(memory, ignore_errors=True)
-    print(
-        "\n| path | tuned iperf3 (mean of 2) | tool | settings | copy (over the transfer) | "
-        "tool's own | ratio | tool CPU s/GB | delay line CPU s/GB | load |"
-    )
-    for name, rtt, rate, tool, how, iperf_bps, run, ratio, cpu, load in rows:
-        own = run.data.get("tool_throughput_bps")
-        print(
-            f"| {name} {rate} Mbit/s {rtt:.0f} ms RTT | {iperf_bps / 1e6:.1f} Mbit/s | {tool} | "
-            f"{how} | {run.data['throughput_bps'] / 1e6:.1f} Mbit/s | "
-            f"{'-' if own is None else f'{own / 1e6:.1f} Mbit/s'} | {ratio:.2f} | "
-            f"{cpu[0]:.2f} | {cpu[1]:.1f} | {load:.1f} |"
-        )
-    for name, _, _, tool, how, _, _, ratio, _, _ in rows:
-        if tool != "iperf3":
-            assert ratio >= FLOORS[tool], (name, tool, how, ratio)
+    sshd there) all succeed, and each copy reaches its floor of iperf3; the table (ratios, CPU
+    per GB, load) is printed. The figures over several paths: benchmarks/seed_compare.py."""
+    lab = module_lab_factory(comparison_topology(SEED_PATHS), prefix="gc")
+    rows = seed_comparison(lab, SEED_PATHS, tmp_path, AGENT_PORT + 1, seconds=SEED_SECONDS)
+    print("\n" + comparison_table(rows))
+    assert {r.tool for r in rows} == {"iperf3", *FLOORS}
+    for r in rows:
+        if r.tool != "iperf3":
+            assert r.ratio >= FLOORS[r.tool], (r.path, r.tool, r.how, r.ratio)
 
 
 def context_for(lab: Lab, agent: RunningAgent, target: str) -> ProbeContext:

@@ -148,9 +148,10 @@ def test_ssh_memory_copy_over_parallel_connections_against_tuned_iperf3(
 
 # --- a target whose disk is slower than its network ---------------------------------------------
 
-# bytes/s, the loop device's write throttle: slow enough that committing dominates a 64M copy
-# (the copy into the page cache takes ~0.5 s here, committing ~16 s).
+# bytes/s, the loop device's write throttle: slow enough that committing dominates a 32M copy
+# (the copy into the page cache takes ~0.3 s here, committing ~8 s).
 DISK_RATE = 4 * 1024**2
+COPY_MB = 32  # each dd and copy: ~8 s at DISK_RATE, long beside the copy's setup
 
 
 @pytest.fixture(scope="module")
@@ -171,13 +172,13 @@ def test_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate_when_
     # the page cache and syncs at the end (as the copy), just before and after the committed
     # copy. The uncommitted copy comes last: its dirty pages would be flushed by the next
     # fsync on this file system (ext4's ordered journal) and slow that one down.
-    before = disk.dd_rate(64 << 20, "conv=fsync")
+    before = disk.dd_rate(COPY_MB << 20, "conv=fsync")
     access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
     ctx = ProbeContext(target="slow", address="127.0.0.1", servers=server_source(access))
-    spec = xrdcp_disk.Spec(size="64M", duration_s=30, source_dir=str(tmp_path))
+    spec = xrdcp_disk.Spec(size=f"{COPY_MB}M", duration_s=30, source_dir=str(tmp_path))
     committed = asyncio.run(xrdcp_disk.run(spec, ctx))
     assert committed.succeeded, f"{committed.error}\n{committed.diags[-2000:]}"
-    after = disk.dd_rate(64 << 20, "conv=fsync")
+    after = disk.dd_rate(COPY_MB << 20, "conv=fsync")
     uncommitted = asyncio.run(xrdcp_disk.run(spec.model_copy(update={"commit": "none"}), ctx))
     assert uncommitted.succeeded, uncommitted.error
     disk_bps = (before + after) / 2 * 8
@@ -186,14 +187,14 @@ def test_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate_when_
     cache = uncommitted.data["throughput_bps"]
     print(
         f"disk (dd conv=fsync, before/after) {before * 8e-6:.1f}/{after * 8e-6:.1f} Mbit/s; "
-        f"xrdcp_disk 64M commit=at_end {got / 1e6:.1f} Mbit/s (transfer "
+        f"xrdcp_disk {COPY_MB}M commit=at_end {got / 1e6:.1f} Mbit/s (transfer "
         f"{committed.data['transfer_s']:.2f} s + commit {committed.data['commit_s']:.2f} s), "
         f"commit=none {cache / 1e6:.1f} Mbit/s"
     )
     assert got == pytest.approx(disk_bps, rel=0.1)
     assert cache > 2 * disk_bps
     # Removing the uncommitted copy waits for the write-back already under way (at the disk's
-    # 4 MiB/s, up to 16 s for 64M).
+    # 4 MiB/s, up to 8 s for 32M).
     assert wait_until(lambda: not list((agent.dir / "state" / "work").glob("*")), 40.0)
 
 
@@ -211,11 +212,11 @@ def test_rsync_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate
         work.mkdir()
         access = sshd.access(work_dir=str(work), step_timeout_s=20.0)
         ctx = ProbeContext(target="slow", address="127.0.0.1", servers=server_source(access))
-        before = disk.dd_rate(64 << 20, "conv=fsync")
-        spec = rsync_disk.Spec(size="64M", duration_s=60, source_dir=str(tmp_path))
+        before = disk.dd_rate(COPY_MB << 20, "conv=fsync")
+        spec = rsync_disk.Spec(size=f"{COPY_MB}M", duration_s=60, source_dir=str(tmp_path))
         committed = asyncio.run(rsync_disk.run(spec, ctx))
         assert committed.succeeded, f"{committed.error}\n{committed.diags[-2000:]}"
-        after = disk.dd_rate(64 << 20, "conv=fsync")
+        after = disk.dd_rate(COPY_MB << 20, "conv=fsync")
         uncommitted = asyncio.run(rsync_disk.run(spec.model_copy(update={"commit": "none"}), ctx))
         assert uncommitted.succeeded, uncommitted.error
         disk_bps = (before + after) / 2 * 8
@@ -223,7 +224,7 @@ def test_rsync_disk_copy_reports_the_disk_rate_when_committed_and_the_cache_rate
         cache = uncommitted.data["committed_throughput_bps"]
         print(
             f"disk (dd conv=fsync, before/after) {before * 8e-6:.1f}/{after * 8e-6:.1f} Mbit/s; "
-            f"rsync_disk 64M commit=at_end {got / 1e6:.1f} Mbit/s (transfer "
+            f"rsync_disk {COPY_MB}M commit=at_end {got / 1e6:.1f} Mbit/s (transfer "
             f"{committed.data['transfer_s']:.2f} s + commit {committed.data['commit_s']:.2f} s), "
             f"commit=none {cache / 1e6:.1f} Mbit/s"
         )

@@ -32,6 +32,9 @@ from iepm.store import Archive
 from testkit.agent import RunningAgent
 from testkit.net import free_port
 
+# A real PostgreSQL server and the CLI in subprocesses; the lab test is marked lab as well.
+pytestmark = pytest.mark.servers
+
 REPO = Path(__file__).resolve().parents[2]
 
 MESH = """

@@ -13,6 +13,9 @@ from iepm.store import Archive
 from iepm.web.app import create_app
 from testkit import sample
 
+# A real PostgreSQL server (the archive_url fixture's pg case).
+pytestmark = pytest.mark.servers
+
 NOW = datetime.now(UTC)
 PATHS = {  # (monitor, target): throughput
     ("a", "b"): 900e6,

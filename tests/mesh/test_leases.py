@@ -26,6 +26,9 @@ from iepm.mesh.leases import HostLeases, LeaseRefused
 from iepm.store import Archive
 from testkit.net import iperf3_server, stop
 
+# Real iperf3 servers and PostgreSQL; the lab tests are marked lab as well.
+pytestmark = pytest.mark.servers
+
 REPO = Path(__file__).resolve().parents[2]
 
 

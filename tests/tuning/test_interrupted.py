@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext
 from iepm.store import Archive
@@ -21,6 +23,8 @@ from iepm.tuned import load_tuned
 from iepm.tuning.store import list_studies
 from iepm.tuning.sweep import SweepPlan, run_sweep
 from testkit.net import free_port, iperf3_server, stop, wait_listening
+
+pytestmark = pytest.mark.servers  # real iperf3 servers/tools (or iepm processes) on loopback
 
 
 def test_ctrl_c_keeps_points_and_marks_partial(tmp_path: Path) -> None:

@@ -1,18 +1,25 @@
 """Re-tuning run by the real scheduler against a real iperf3 server on loopback (and a dead port):
 a sweep is scheduled exactly once, the budget holds, a failure backs off without stopping the
-monitor; and ``iepm tune --due`` (the cron path) sweeps who needs it, then nobody."""
+monitor; and ``iepm tune --due`` (the cron path) sweeps who needs it, then nobody.
+
+What these tests assert is the scheduling around a sweep, not its figures (the lab sweep tests
+do), so each point takes the fewest pings (the plan's 10 after each transfer at 0.2 s were 2 of
+a point's 3 s) and schedule mode starts at once (no start spread)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import iepm.config
 from iepm.cli import app
 from iepm.config import load_config_text
 from iepm.results import Purpose, Result
@@ -20,17 +27,39 @@ from iepm.scheduler import CycleReport, Scheduler
 from iepm.store import Archive
 from iepm.tuned import load_tuned
 from iepm.tuning import routine
+from iepm.tuning.plan import SweepPlan
 from iepm.tuning.store import list_studies
 from testkit.net import free_port, iperf3_server
 
+pytestmark = pytest.mark.servers
+
 HOST = "127.0.0.1"
+# few_pings for the CLI, which takes them as options.
+FEW_PINGS_ARGS = ["--pings-during", "2", "--pings-after", "1", "--ping-interval", "0.05"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server() -> Iterator[int]:
-    """An iperf3 server on a free loopback port (many tests in a row); stopped by PID."""
+    """One iperf3 server on a free loopback port for the module's tests (they run one after
+    another, one test at a time); stopped by PID."""
     with iperf3_server(HOST) as port:
         yield port
+
+
+@pytest.fixture(autouse=True)
+def few_pings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's sweep plan (``[monitor] retune_*`` has no ping settings) with 2 pings
+    during each transfer and 1 after, instead of 10 and 10 at 0.2 s."""
+    plan = functools.partial(SweepPlan, pings_during=2, pings_after=1, after_interval_s=0.05)
+    monkeypatch.setattr(iepm.config, "SweepPlan", plan)
+
+
+class NoSpread(random.Random):
+    """Schedule mode spreads its first runs over up to START_SPREAD_S (10 s) at random: here
+    they start at once."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return a
 
 
 def config_text(tmp_path: Path, port: int, targets: list[str], gap_h: float = 0) -> str:
@@ -149,7 +178,7 @@ def test_tune_due_sweeps_who_needs_it_then_nobody(tmp_path: Path, server: int) -
     path = tmp_path / "targets.toml"
     path.write_text(config_text(tmp_path, server, ["a"]).replace("retune = true", ""))
     args = ["tune", "--due", "--config", str(path), "--windows", "default,256K"]
-    args += ["--streams", "1,2", "--duration", "1", "--pings-after", "3"]
+    args += ["--streams", "1,2", "--duration", "1", *FEW_PINGS_ARGS]
     first = CliRunner().invoke(app, [*args, "--json"])
     assert first.exit_code == 0, first.output
     assert "a: never tuned (no complete sweep)" in first.output  # why, on stderr
@@ -178,7 +207,9 @@ def test_schedule_mode_sweeps_in_the_heavy_slot_before_the_run(tmp_path: Path, s
             seen.append(result)
             scheduler.stop()  # the first routine run ends the test's period
 
-        scheduler = Scheduler(load_config_text(config), archive, watchers=[], on_result=on_result)
+        scheduler = Scheduler(
+            load_config_text(config), archive, watchers=[], on_result=on_result, rng=NoSpread()
+        )
         report = asyncio.run(scheduler.run(cycles=1))
         assert report is not None and len(report.retuned) == 1, report
         (study,) = list_studies(archive, kind="sweep")
