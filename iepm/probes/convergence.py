@@ -51,9 +51,6 @@ SS_TIMEOUT_S = 2.0
 DATA_START_BYTES = 4096  # more than iperf3's control exchange, less than TCP's first flight
 SAMPLES_PREFIX = "% iepm-convergence "
 SAMPLER = "ss -tinH (sender's TCP_INFO)"
-# Largest span of one ``ss`` call, as a share of the sampling interval, whose reading the
-# detector still uses (quiet hosts: ~5 ms of 200 ms).
-MAX_STAMP_SPREAD_SHARE = 0.5
 # How long the tool has, after SIGINT, to print its report before the deadline kill.
 REPORT_WAIT_S = 5.0
 _TOKEN_RE = re.compile(r"(\w+):(\S+)")
@@ -309,18 +306,17 @@ def ss_argv(wrap: Callable[[Sequence[str]], list[str]], address: str, port: int)
     return wrap(["ss", "-tinH", "state", "established", "dst", address, "dport", "=", f":{port}"])
 
 
-async def sample_tcp_info(argv: Sequence[str], t_start: float) -> tuple[Sample, float]:
-    """One ``ss`` reading, stamped at the middle of the call (seconds after ``t_start``), and
-    how long the call took: the kernel was read somewhere in that span, and on a busy host
-    starting ``ss`` alone can take a good part of a sampling interval."""
-    before = time.monotonic()
+async def sample_tcp_info(argv: Sequence[str], t_start: float) -> Sample:
+    """One ``ss`` reading, stamped (seconds after ``t_start``) when the call returns, not when
+    it was asked for: ``ss`` reads the kernel at the end of its run, and on a busy host starting
+    it (through ``ip netns exec``) alone can take a good part of a sampling interval."""
     raw = await run_command(argv, SS_TIMEOUT_S)
-    after = time.monotonic()
+    read_at = time.monotonic()
     conns = parse_ss(raw.stdout)
     srtts = [c["srtt_ms"] for c in conns if c.get("srtt_ms") and c.get("bytes_acked", 0) > 0]
     cwnds = [c["cwnd"] for c in conns if c.get("cwnd")]
     sample = Sample(
-        t=(before + after) / 2 - t_start,
+        t=read_at - t_start,
         acked_bytes=sum(int(c.get("bytes_acked", 0)) for c in conns),
         srtt_ms=max(srtts) if srtts else None,
         cwnd=sum(cwnds) if cwnds else None,
@@ -328,7 +324,7 @@ async def sample_tcp_info(argv: Sequence[str], t_start: float) -> tuple[Sample, 
         ssthresh_seen=any("ssthresh" in c and c.get("bytes_acked", 0) > 65536 for c in conns),
         retrans=sum(int(c.get("retrans_total", 0)) for c in conns),
     )
-    return sample, after - before
+    return sample
 
 
 @dataclass
@@ -366,7 +362,7 @@ async def run_converging(
         while proc.returncode is None and time.monotonic() < deadline:
             t_next = time.monotonic() + cfg.sample_s
             try:
-                sample, spread_s = await sample_tcp_info(ss, t_start)
+                sample = await sample_tcp_info(ss, t_start)
             except ToolNotFound as exc:
                 # No ss: the test runs to its end, and the record says why it did.
                 sampler_error = str(exc)
@@ -374,10 +370,7 @@ async def run_converging(
             if proc.returncode is not None:
                 break
             samples.append(sample)
-            # A reading whose moment is that uncertain would bend the extrapolated rate: a busy
-            # host then delays the decision instead of distorting it.
-            well_stamped = spread_s <= MAX_STAMP_SPREAD_SHARE * cfg.sample_s
-            decision = detector.add(sample) if well_stamped else None
+            decision = detector.add(sample)
             if decision is not None and not shadow:
                 tool.signal(signal.SIGINT)  # iperf3 still prints its (interrupted) report
                 stop_signal_s = round(time.monotonic() - t_start, 3)
