@@ -22,7 +22,7 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SCREENSHOTS = Path(__file__).parent / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "tests" / "web" / "screenshots"
 
 # Counts the painted pixels of a chart's canvas (uPlot draws everything on one canvas).
 PAINTED = """id => {
