@@ -202,7 +202,9 @@ def test_lab_demo_stores_copies_and_flow_records_and_leaves_nothing(tmp_path: Pa
     topology.write_text(SMALL, encoding="utf-8")
     work = tmp_path / "work"
     argv = ["--workdir", str(work), "--lab-name", name, "--topology", str(topology)]
-    demo = Demo([*argv, "--cycles", "3", "--no-serve"])
+    # Two 30 s cycles reach every copy (the scheduler runs one test at a time, earliest due
+    # first): one cycle left gridftp_mem out; three took 30 s more for nothing.
+    demo = Demo([*argv, "--cycles", "2", "--no-serve"])
     agents = demo.wait_for(r"agents PIDs ([\d, ]+) \(", 120).group(1)
     sshds = demo.wait_for(r"sshd PIDs ([\d, ]+) \(", 60).group(1)
     flows = demo.wait_for(r"into the archive: PIDs ([\d, ]+)\n", 60).group(1)
@@ -249,6 +251,7 @@ def test_lab_demo_stores_copies_and_flow_records_and_leaves_nothing(tmp_path: Pa
     assert not Path(f"/run/iepm-lab/{name}.json").exists()
 
 
+@pytest.mark.servers  # iperf3 servers on 127.0.0.x
 def test_loopback_demo_runs_its_cycles(tmp_path: Path) -> None:
     demo = Demo(["--workdir", str(tmp_path), "--loopback", "--cycles", "1", "--no-serve"])
     out = demo.finish(120)

@@ -58,6 +58,7 @@ def test_a_counter_that_went_back_gives_no_rate() -> None:
     assert interface_rates({"eth0": (0, 0)}, {"eth0": (250_000, 0)}, 2.0) == {"eth0": (1.0, 0.0)}
 
 
+@pytest.mark.servers  # `iepm demo --loopback`: iperf3 servers on 127.0.0.x
 def test_loopback_demo_publishes_replies_and_interface_rates(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "iepm.cli", "demo", "--workdir", str(tmp_path), "--loopback",
             "--cycles", "1", "--no-serve"]  # fmt: skip

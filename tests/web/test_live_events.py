@@ -33,6 +33,9 @@ from iepm.web.server import ServerHandle, serve_in_background
 from testkit.net import free_port
 from testkit.pg import PgServer
 
+# uvicorn on a free loopback port, read by a real HTTP client.
+pytestmark = pytest.mark.servers
+
 DEADLINE_S = 20.0
 
 

@@ -14,7 +14,7 @@ from iepm.web.app import create_app
 from testkit.pg import PgServer, pg_server  # noqa: F401
 from tests.web import data
 
-pytestmark = pytest.mark.pg
+pytestmark = [pytest.mark.pg, pytest.mark.servers]
 END = format_time(data.END)
 URLS = [
     f"/tables/paths?until={END}",

@@ -17,6 +17,9 @@ from iepm.web.cli import parse_listen, register
 from iepm.web.server import serve_in_background
 from testkit.net import free_port
 
+# uvicorn on loopback ports, in this process and as `iepm serve` subprocesses.
+pytestmark = pytest.mark.servers
+
 
 def test_background_server_starts_and_stops(archive_url: str) -> None:
     import sys
