@@ -25,22 +25,25 @@ lint: deps
 	$(BIN)/ruff format --check iepm testkit tests benchmarks
 
 # Everything but the lab in parallel, then the lab tests one at a time (each builds its own
-# namespaces and measures through a delay line). The report at the end: the 15 slowest tests,
-# the time per directory and tier, and one closing line over both runs.
+# namespaces and measures through a delay line) with the few that xdist cannot run (serial).
+# The report at the end: the 15 slowest tests, the time per directory and tier, and one
+# closing line over both runs.
 test: deps lint
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	@status=0; \
-	$(BIN)/pytest -m "not lab" -n $(WORKERS) --dist loadfile --junitxml=$(REPORTS)/parallel.xml || status=$$?; \
-	$(BIN)/pytest -m lab --junitxml=$(REPORTS)/lab.xml || status=$$?; \
+	$(BIN)/pytest -m "not lab and not serial" -n $(WORKERS) --dist loadfile \
+		--junitxml=$(REPORTS)/parallel.xml || status=$$?; \
+	$(BIN)/pytest -m "lab or serial" --junitxml=$(REPORTS)/lab.xml || status=$$?; \
 	$(BIN)/python -m testkit.report $(REPORTS)/parallel.xml $(REPORTS)/lab.xml || status=1; \
 	exit $$status
 
 # The fast tier: pure Python, no server, no namespace, no browser (under a minute).
 test-fast: deps
-	$(BIN)/pytest -m "not lab and not servers and not browser" -n 2 -q
+	$(BIN)/pytest -m "not lab and not servers and not browser and not serial" -n 2 -q
 
 test-unit: deps
-	$(BIN)/pytest -m "not lab" -n $(WORKERS) --dist loadfile
+	$(BIN)/pytest -m "not lab and not serial" -n $(WORKERS) --dist loadfile
+	$(BIN)/pytest -m "serial and not lab"
 
 test-lab: deps
 	$(BIN)/pytest -m lab

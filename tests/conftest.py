@@ -10,6 +10,7 @@ import os
 import signal
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,7 +38,16 @@ def tier_of(item: pytest.Item) -> str:
     return "fast"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist hands tests out by node id: two items with one id would silently run once.
+    if getattr(config.option, "numprocesses", None):
+        ids = Counter(i.nodeid for i in items if i.get_closest_marker("serial") is None)
+        twice = sorted(nodeid for nodeid, n in ids.items() if n > 1)
+        if twice:
+            raise pytest.UsageError(
+                f"{len(twice)} node ids stand for several tests, which xdist would run once "
+                f"(mark their module serial): {', '.join(twice[:5])}"
+            )
     for item in items:
         # A test on a real PostgreSQL server starts one: it is not fast.
         if item.get_closest_marker("pg") is not None:

@@ -20,7 +20,8 @@ from iepm.remote.agent import create_app
 from iepm.remote.trust import AgentConfig
 from testkit.agent import RunningAgent
 
-pytestmark = pytest.mark.servers
+# Schemathesis's items share one node id, which xdist would run once: run with the lab tests.
+pytestmark = [pytest.mark.servers, pytest.mark.serial]
 
 # Built at import (schemathesis makes its tests then); the document does not depend on config.
 schema = schemathesis.openapi.from_dict(create_app(AgentConfig()).openapi())

@@ -22,6 +22,9 @@ from schemathesis.specs.openapi.checks import (
 from iepm.web.app import create_app
 from tests.web import data
 
+# Schemathesis's items share one node id, which xdist would run once: run with the lab tests.
+pytestmark = pytest.mark.serial
+
 # A module-level app: schemathesis builds its tests at import. A small archive is enough: the
 # point is the input handling, not the figures. It is filled before the first test, not at
 # import: every pytest process collects this module, most never run it.
