@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 4
 REPORTS := var/test-reports
 
-.PHONY: deps test test-fast test-unit test-lab lint demo bench clean
+.PHONY: deps test test-fast test-unit test-lab test-timing lint demo bench clean
 
 deps: $(STAMP)
 
@@ -24,17 +24,17 @@ lint: deps
 	$(BIN)/ruff check iepm testkit tests benchmarks
 	$(BIN)/ruff format --check iepm testkit tests benchmarks
 
-# Everything but the lab in parallel, then the lab tests one at a time (each builds its own
-# namespaces and measures through a delay line) with the few that xdist cannot run (serial).
-# The report at the end: the 15 slowest tests, the time per directory and tier, and one
-# closing line over both runs.
+# Everything but the timing tests in parallel (lab tests too: each lab has its own namespaces
+# and names), then the lab tests that measure the delay line's timing one at a time on a host
+# nothing else loads, with the few that xdist cannot run (serial). The report at the end: the
+# 15 slowest tests, the time per directory and tier, and one closing line over both runs.
 test: deps lint
 	@rm -rf $(REPORTS) && mkdir -p $(REPORTS)
 	@status=0; \
-	$(BIN)/pytest -m "not lab and not serial" -n $(WORKERS) --dist loadfile \
+	$(BIN)/pytest -m "not timing and not serial" -n $(WORKERS) --dist loadfile \
 		--junitxml=$(REPORTS)/parallel.xml || status=$$?; \
-	$(BIN)/pytest -m "lab or serial" --junitxml=$(REPORTS)/lab.xml || status=$$?; \
-	$(BIN)/python -m testkit.report $(REPORTS)/parallel.xml $(REPORTS)/lab.xml || status=1; \
+	$(BIN)/pytest -m "timing or serial" --junitxml=$(REPORTS)/timing.xml || status=$$?; \
+	$(BIN)/python -m testkit.report $(REPORTS)/parallel.xml $(REPORTS)/timing.xml || status=1; \
 	exit $$status
 
 # The fast tier: pure Python, no server, no namespace, no browser (under a minute).
@@ -44,6 +44,9 @@ test-fast: deps
 test-unit: deps
 	$(BIN)/pytest -m "not lab and not serial" -n $(WORKERS) --dist loadfile
 	$(BIN)/pytest -m "serial and not lab"
+
+test-timing: deps
+	$(BIN)/pytest -m timing
 
 test-lab: deps
 	$(BIN)/pytest -m lab

@@ -24,6 +24,7 @@ class Case:
     seconds: float
     outcome: str  # passed | failed | skipped
     tier: str
+    reason: str = ""  # why it was skipped
 
 
 def _nodeid(case: ET.Element) -> str:
@@ -40,18 +41,27 @@ def _nodeid(case: ET.Element) -> str:
 def read_cases(path: Path) -> list[Case]:
     cases = []
     for case in ET.parse(path).getroot().iter("testcase"):
+        reason = ""
         if case.find("failure") is not None or case.find("error") is not None:
             outcome = "failed"
-        elif case.find("skipped") is not None:
+        elif (skip := case.find("skipped")) is not None:
             outcome = "skipped"
+            reason = (skip.get("message") or "").strip()
         else:
             outcome = "passed"
         tier = next(
             (p.get("value") or "" for p in case.iter("property") if p.get("name") == "tier"),
             "?",
         )
-        cases.append(Case(_nodeid(case), float(case.get("time") or 0.0), outcome, tier))
+        cases.append(Case(_nodeid(case), float(case.get("time") or 0.0), outcome, tier, reason))
     return cases
+
+
+def wall_seconds(path: Path) -> float:
+    """The run's own wall time (the test suite's ``time``: parallel workers overlap in it)."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    return sum(float(s.get("time") or 0.0) for s in suites)
 
 
 def directory_of(nodeid: str) -> str:
@@ -78,6 +88,10 @@ def report(cases: list[Case], slowest: int) -> str:
     if slow_fast:
         lines.append(f"== fast-tier tests over {FAST_LIMIT_S:g} s (mark them servers or lab)")
         lines += [f"{c.seconds:8.1f}  {c.nodeid}" for c in slow_fast]
+    skipped_cases = [c for c in cases if c.outcome == "skipped"]
+    if skipped_cases:
+        lines.append("== skipped tests (why)")
+        lines += [f"  {c.nodeid}: {c.reason[:300]}" for c in skipped_cases]
     outcomes = {name: sum(c.outcome == name for c in cases) for name in ("passed", "failed")}
     skipped = sum(c.outcome == "skipped" for c in cases)
     lines.append(
@@ -93,12 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cases: list[Case] = []
     status = 0
+    walls = []
     for path in args.files:
         try:
             cases += read_cases(path)
+            walls.append(f"{path.name} {wall_seconds(path):.0f} s")
         except (OSError, ET.ParseError) as exc:
             print(f"{path}: no test report ({exc})", file=sys.stderr)
             status = 1
+    if walls:
+        print("== wall time per run: " + ", ".join(walls))
     print(report(cases, args.slowest))
     return status
 

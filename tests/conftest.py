@@ -30,9 +30,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
 
 
 def tier_of(item: pytest.Item) -> str:
-    """The test's cost tier: lab (namespaces, one at a time), browser, servers (real servers on
-    loopback, PostgreSQL included) or fast (pure Python)."""
-    for tier in ("lab", "browser", "servers"):
+    """The test's cost tier: timing (lab tests run alone), lab (namespaces), browser, servers
+    (real servers on loopback, PostgreSQL included) or fast (pure Python)."""
+    for tier in ("timing", "lab", "browser", "servers"):
         if item.get_closest_marker(tier) is not None:
             return tier
     return "fast"
@@ -49,6 +49,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"(mark their module serial): {', '.join(twice[:5])}"
             )
     for item in items:
+        # A timing test is a lab test (root, namespaces) whatever its module says.
+        if item.get_closest_marker("timing") is not None:
+            item.add_marker(pytest.mark.lab)
         # A test on a real PostgreSQL server starts one: it is not fast.
         if item.get_closest_marker("pg") is not None:
             item.add_marker(pytest.mark.servers)
