@@ -165,6 +165,7 @@ def by(results: list[Result], target: str, probe: str) -> Result:
     return next(r for r in results if r.target == target and r.probe == probe)
 
 
+@pytest.mark.timing  # RTT and throughput against what the lab was told
 def test_full_cycle_to_agent_and_ssh_targets_matches_ground_truth(
     lab: Lab, agent: RunningAgent, sshd: Sshd, tmp_path: Path
 ) -> None:
