@@ -57,6 +57,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.servers)
         # JUnit XML carries it, so testkit.report can give the time per tier.
         item.user_properties.append(("tier", tier_of(item)))
+    if getattr(config.option, "numprocesses", None):
+        # Costliest files first (a file's cost: its costliest tier), so the long lab files do
+        # not start last and leave the other workers idle at the end; a file stays contiguous.
+        cost = {"timing": 0, "lab": 0, "browser": 1, "servers": 2, "fast": 3}
+        rank: dict[str, int] = {}
+        for item in items:
+            file = item.nodeid.split("::", 1)[0]
+            rank[file] = min(rank.get(file, 3), cost[tier_of(item)])
+        items.sort(key=lambda i: rank[i.nodeid.split("::", 1)[0]])
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
