@@ -88,16 +88,17 @@ def estimates(lab: Lab, count: int) -> tuple[list[Fit[Result]], float]:
     (testkit.fitness: else taken again, or the test skipped), and the cross traffic's rate over
     their span (bit/s at IP level: what the bottleneck carried less the probes' own bytes)."""
     ctx: ProbeContext = lab.ctx  # type: ignore[attr-defined]
+    taken: list[Result] = []  # the estimates retaken too: their probes crossed the bottleneck
+
+    def estimate() -> Result:
+        taken.append(asyncio.run(abw.run(abw.Spec(), ctx)))
+        return taken[-1]
+
+    what = f"an available-bandwidth estimate at 120 µs resolution ({lab.name})"
     b0, t0 = delivered_bytes(lab), time.monotonic()
-    fits = [
-        on_a_fit_host(
-            lambda: asyncio.run(abw.run(abw.Spec(), ctx)),
-            f"an available-bandwidth estimate at 120 µs resolution ({lab.name})",
-        )
-        for _ in range(count)
-    ]
+    fits = [on_a_fit_host(estimate, what) for _ in range(count)]
     b1, t1 = delivered_bytes(lab), time.monotonic()
-    ours = sum(f.value.data.get("probe_bytes", 0) for f in fits)
+    ours = sum(r.data.get("probe_bytes", 0) for r in taken)
     for f in fits:
         assert f.value.succeeded, f.explain(f"{f.value.error}\n{f.value.diags[-1500:]}")
     return fits, max(0.0, (b1 - b0 - ours) * 8 / (t1 - t0))
