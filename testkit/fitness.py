@@ -7,8 +7,9 @@ fidelity measures the host, not the lab. :func:`on_a_fit_host` takes the measure
 timer meter of :mod:`iepm.lab.testing` (``host_timer``'s sleeper, one step above the delay
 line's priority: how late it wakes is what the host takes from the delay line); if the host
 was late during it (more than :data:`LATE_SHARE` of the wake-ups later than :data:`LATE_US`), it
-waits for the host to be fit again (looking at it with the same meter, as
-``timer_lateness_us``, bounded) and takes it again (bounded).
+takes it again (bounded). Before each try it looks at the host with ``timer_lateness_us`` (at
+the delay line's own priority, the lab idle: what the host and other labs' delay lines take)
+and waits, bounded, while that is late.
 A host that never became fit skips the test with the figures of every try: the lab cannot
 emulate at this fidelity on this host now. A measurement taken on a fit host is judged by the
 test's assertions exactly as before, and their messages carry the host's figures::
@@ -35,7 +36,7 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
-from iepm.lab.testing import _meter_argv
+from iepm.lab.testing import _meter_argv, timer_lateness_us
 
 T = TypeVar("T")
 
@@ -117,18 +118,15 @@ class Try:
     looks: list[dict[str, Any]] = field(default_factory=list)  # the host while waited for
 
     def __str__(self) -> str:
-        if not self.host and self.looks:
-            return (
-                f"not taken: the host stayed late for {self.waited_s:.1f} s, "
-                f"{len(self.looks)} looks, the last: {describe(self.looks[-1])}"
-            )
-        text = describe(self.host)
-        if self.looks:
-            text += (
-                f" (after {self.waited_s:.1f} s and {len(self.looks)} looks at the host, "
-                f"the last: {describe(self.looks[-1])})"
-            )
-        return text
+        if not self.looks:
+            return describe(self.host)
+        look = (
+            f"{len(self.looks)} looks over {self.waited_s:.1f} s at the delay line's priority, "
+            f"the last: {describe(self.looks[-1])}"
+        )
+        if not self.host:
+            return f"not taken: the host stayed late ({look})"
+        return f"during: {describe(self.host)} (before: {look})"
 
 
 @dataclass
@@ -156,9 +154,9 @@ def wait_until_fit(late_share: float, wait_s: float) -> tuple[bool, float, list[
     budget = max(0.0, min(wait_s, SESSION_WAIT_S - _spent[0]))
     looks: list[dict[str, Any]] = []
     while True:
-        with metered(LOOK_PERIOD_US) as look:
-            time.sleep(POLL_S)  # the meter's window: it samples the host meanwhile
-        looks.append(look)
+        # At the delay line's own priority, with the lab idle: what else of that priority
+        # (another lab's delay lines) and the host take from it.
+        looks.append(timer_lateness_us(POLL_S, period_us=LOOK_PERIOD_US, late_us=LATE_US))
         waited = time.monotonic() - start
         if is_fit(looks[-1], late_share) or waited >= budget:
             _spent[0] += waited
@@ -177,13 +175,14 @@ def on_a_fit_host(
     host was late during it, up to ``tries`` times. The first measurement taken on a fit host,
     or ``pytest.skip`` with every try's figures if there was none."""
     history: list[Try] = []
-    for n in range(tries):
+    for _ in range(tries):
+        # A look first (the lab idle, at the delay line's priority), waited on while late,
+        # then the measurement under the meter one step above (the host, not the lab's work).
         attempt = Try(host={})
-        if n:
-            fit, attempt.waited_s, attempt.looks = wait_until_fit(late_share, wait_s)
-            if not fit:
-                history.append(attempt)
-                break
+        fit, attempt.waited_s, attempt.looks = wait_until_fit(late_share, wait_s)
+        if not fit:
+            history.append(attempt)
+            break
         with metered() as figures:
             value = measure()
         attempt.host = figures
@@ -192,9 +191,10 @@ def on_a_fit_host(
             return Fit(value, what, history)
     tried = "; ".join(f"try {n}: {t}" for n, t in enumerate(history, 1))
     pytest.skip(
-        f"the lab cannot emulate {what} at this fidelity on this host now: the host woke a "
-        f"timer just above the delay line's priority later than {LATE_US:g} µs for more than "
-        f"{late_share:g} of its wake-ups on every try ({tried}); waited "
+        f"the lab cannot emulate {what} at this fidelity on this host now: a timer at the delay "
+        f"line's priority (the lab idle: before) or just above it (during the measurement) woke "
+        f"later than {LATE_US:g} µs for more than {late_share:g} of its wake-ups on every try "
+        f"({tried}); waited "
         f"{sum(t.waited_s for t in history):.0f} s for it in this test, "
         f"{_spent[0]:.0f} of {SESSION_WAIT_S:.0f} s in this process"
     )
