@@ -3,7 +3,10 @@ over two equal-cost paths (via ra or rb) by a hash of each packet's addresses an
 UDP traceroute changes its ports from run to run, so its route flaps between the two paths and
 the route-change reading (``cause.route_changes``, what the watcher and attribution use) sees
 changes that are not there; in Paris mode (the default) every run takes one flow, so the route
-stays put."""
+stays put.
+
+Behaviour only (routes, alerts; no delay is held against the lab's): not tagged ``timing``, so it
+runs beside other tests."""
 
 from __future__ import annotations
 
@@ -56,7 +59,10 @@ def lab(module_lab_factory: LabFactory) -> Lab:
 
 def traced(lab: Lab, paris: bool) -> Result:
     """One traceroute run from mon to tgt, as the probe stores it."""
-    spec = traceroute.Spec(paris=paris, wait_s=1.0, max_hops=8)
+    # A reply is waited for 3 s (the probe's default 2 s): a hop that answers late on a busy host
+    # is not a hop that went silent, which would read as another route. Each run reaches the
+    # target, so a run waits only for hops that stay silent.
+    spec = traceroute.Spec(paris=paris, wait_s=3.0, max_hops=8)
     raw = lab.exec("mon", traceroute.build_argv(spec, lab.address("tgt")), 60)
     ctx = ProbeContext(target="tgt", address=lab.address("tgt"), monitor="mon")
     result = result_from_raw(traceroute, spec, ctx, raw, None)
