@@ -10,11 +10,16 @@ load on the machine makes a cycle last. Every event changes the path's bottlenec
 The study: 10 events (~100 cycles of 1-s iperf3 tests, about two minutes). The suite
 (``tests/analysis/test_lab_change_scoring.py``) runs the same code on a two-event script.
 
+``--quiet 200``: instead, 200 cycles of ping, traceroute and iperf3 (on the adaptive cadence) on
+a path without change, where every alert is a false one (the suite expects none; it runs fewer
+cycles in ``tests/analysis/test_lab_analysis.py``). JSON: ``alerts``,
+``false_alerts_per_100_cycles``, ``ok_runs``, ``iperf3_deferred``, ``iperf3_share_run``.
+
 Needs root. Prints JSON: ``precision``, ``recall``, ``events``, ``alerts``, ``true_positives``,
 ``cycles``, ``seconds``, ``detection_cycles`` (per event, or null) and ``events_scored`` (kind,
 Mbit/s before and after, cycles to the alert, its direction).
 
-    .venv/bin/python benchmarks/change_scoring_lab.py [--seed 15] [--events 10]
+    .venv/bin/python benchmarks/change_scoring_lab.py [--seed 15] [--events 10] [--quiet 200]
 """
 
 from __future__ import annotations
@@ -133,7 +138,17 @@ def score(
     return true, found
 
 
-def config_text(lab: Lab, tmp: Path) -> str:
+def config_text(
+    lab: Lab,
+    tmp: Path,
+    *,
+    probes: list[str],
+    extra_monitor: str = "",
+    target: str = "tgt",
+    ping_s: float = 0.1,
+) -> str:
+    """A monitor in the lab's ``mon`` measuring ``target`` with short probes (1-s iperf3 on
+    ``PORT``, three pings ``ping_s`` apart); ``extra_monitor`` goes into ``[monitor]``."""
     return f"""
 [monitor]
 name = "labmon"
@@ -141,15 +156,27 @@ cycle_interval_s = 60
 archive = "sqlite:///{tmp}/archive.db"
 log_dir = "{tmp}/raw"
 netns = "{lab.netns("mon")}"
+{extra_monitor}
+
+[defaults.ping]
+# An interval above the longest RTT: with -w, iputils ping sends until `count` replies came,
+# so with pipelined requests it reports the unanswered extra ones as lost.
+count = 3
+interval_s = {ping_s}
+
+[defaults.traceroute]
+max_hops = 6
+wait_s = 1
+method = "icmp"
 
 [defaults.iperf3]
 duration_s = 1
 port = {PORT}
 
 [[targets]]
-name = "tgt"
-address = "{lab.address("tgt")}"
-probes = ["iperf3"]
+name = "{target}"
+address = "{lab.address(target)}"
+probes = {probes!r}
 """
 
 
@@ -186,7 +213,7 @@ def run_scored(
     t0 = time.monotonic()
     total_cycles = events[-1].cycle + tail
     lab: Lab = factory(SCORED, prefix=prefix)
-    config = load_config_text(config_text(lab, tmp))
+    config = load_config_text(config_text(lab, tmp, probes=["iperf3"]))
     applied: list[float] = []
     by_cycle = {e.cycle: e for e in events}
 
@@ -216,11 +243,109 @@ def run_scored(
     )  # fmt: skip
 
 
+# A quiet path (jitter, a little random loss, a fixed bottleneck): no change, so every alert on
+# it is a false one.
+QUIET = {
+    "lab": {"name": "qt", "seed": 11, "time_compression": 60},
+    "hosts": [
+        {"name": "mon", "role": "monitor"},
+        {"name": "r1", "role": "router"},
+        {"name": "tgt", "role": "target"},
+    ],
+    "links": [
+        {"name": "access", "a": "mon", "b": "r1", "delay_ms": 1},
+        {
+            "name": "wan",
+            "a": "r1",
+            "b": "tgt",
+            "delay_ms": 9,
+            "jitter_ms": 0.3,
+            "loss_percent": 0.2,
+            "rate_mbit": 30,
+        },
+    ],
+}
+QUIET_CYCLES = 200
+QUIET_MAX_FACTOR = 8  # bandwidth tests at least every 8th cycle on the adaptive cadence
+
+
+@dataclass
+class Quiet:
+    reports: list[CycleReport]
+    alerts: list[Alert]  # all of them, any metric
+    ok: dict[str, int]  # probe → results that succeeded
+    watcher_errors: int
+    seconds: float
+
+    @property
+    def deferred(self) -> int:
+        return sum(len(r.deferred) for r in self.reports)
+
+
+def run_quiet(factory: LabFactory, tmp: Path, cycles: int, *, prefix: str = "anqt") -> Quiet:
+    """``cycles`` cycles of ping, traceroute and iperf3 on the quiet path, the bandwidth tests
+    on the adaptive cadence (every cycle while the forecast is unsure, then up to every 8th)."""
+    t0 = time.monotonic()
+    lab: Lab = factory(QUIET, prefix=prefix)
+    extra = f"adaptive = true\nadaptive_max_factor = {QUIET_MAX_FACTOR}"
+    text = config_text(
+        lab, tmp, probes=["ping", "traceroute", "iperf3"], extra_monitor=extra, ping_s=0.05
+    )
+    config = load_config_text(text)
+
+    async def go(scheduler: Scheduler) -> list[CycleReport]:
+        try:
+            return [await scheduler.run_cycle() for _ in range(cycles)]
+        finally:
+            await asyncio.to_thread(scheduler.close)
+
+    with (
+        iperf3_server(lab.address("tgt"), PORT, netns=lab.netns("tgt")),
+        Archive.open(config.monitor.archive) as archive,
+    ):
+        scheduler = Scheduler(config, archive)
+        reports = asyncio.run(go(scheduler))
+        alerts = load_alerts(archive)
+        ok = {p: archive.count(probe=p, outcome="ok") for p in ("ping", "traceroute", "iperf3")}
+    return Quiet(reports, alerts, ok, scheduler.health.watcher_errors, time.monotonic() - t0)
+
+
+def quiet_main(cycles: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="iepm-bench-qt-") as tmp, LabFactory() as factory:
+        run = run_quiet(factory, Path(tmp), cycles, prefix="bqt")
+    print(
+        json.dumps(
+            {
+                "figure": "false alerts on a quiet lab path (ping, traceroute, adaptive iperf3)",
+                "cycles": len(run.reports),
+                "alerts": len(run.alerts),
+                "false_alerts_per_100_cycles": 100 * len(run.alerts) / len(run.reports),
+                "alert_summaries": [a.summary for a in run.alerts],
+                "ok_runs": run.ok,
+                "iperf3_deferred": run.deferred,
+                "iperf3_share_run": run.ok["iperf3"] / len(run.reports),
+                "watcher_errors": run.watcher_errors,
+                "seconds": round(run.seconds, 1),
+            },
+            indent=1,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--events", type=int, default=EVENTS)
+    parser.add_argument(
+        "--quiet",
+        type=int,
+        metavar="CYCLES",
+        help=f"instead: a quiet path's false alerts (e.g. {QUIET_CYCLES})",
+    )
     args = parser.parse_args()
+    if args.quiet:
+        quiet_main(args.quiet)
+        return
     events = script(args.seed, args.events)
     with tempfile.TemporaryDirectory(prefix="iepm-bench-sc-") as tmp, LabFactory() as factory:
         run = run_scored(factory, Path(tmp), events, tail=GAP_CYCLES[0], prefix="bsc")
