@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from iepm.analysis.alerts import load_alerts
+from iepm.analysis.changes import OnlineDetector
 from iepm.config import load_config_text
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
@@ -24,7 +25,7 @@ from iepm.scheduler import Scheduler
 from iepm.store import Archive
 from testkit.agent import RunningAgent, running_agent
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.timing]
 
 # 40 Mbit/s over ~20 ms RTT (a 100 KB window fills it); a 32 KB receive buffer limit allows
 # well under half of that.
@@ -41,7 +42,8 @@ TOPOLOGY = {
     ],
 }
 SMALL_RMEM = [4096, 16384, 32768]
-CALM_CYCLES = 8  # the detector's warm-up (5) and a few more
+# The detector's warm-up and one cycle it judges (where a false alert would show).
+CALM_CYCLES = OnlineDetector().warmup + 1
 AFTER_CYCLES = 4  # the alert must come within 3 of them
 
 
@@ -59,7 +61,7 @@ count = 3
 interval_s = 0.1
 
 [defaults.iperf3]
-duration_s = 2
+duration_s = 1
 omit_s = 0
 
 [[targets]]
