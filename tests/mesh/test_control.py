@@ -387,9 +387,11 @@ def run_mesh(
     return {**figures, "wall_s": round(wall_s, 1)}
 
 
-def test_control_host_runs_a_loopback_mesh_through_agents(archive_url: str, tmp_path: Path) -> None:
+def test_control_host_runs_a_loopback_mesh_through_agents(tmp_path: Path) -> None:
     """Three agents on loopback addresses; one control process, two cycles of ping + iperf3
-    both directions, stored under each source host, no iperf3 tests meeting at a host."""
+    both directions, stored under each source host, no iperf3 tests meeting at a host. On
+    SQLite: the same run on PostgreSQL is tests/mesh/test_lab_control.py's."""
+    archive_url = f"sqlite:///{tmp_path / 'archive.db'}"
     Archive.open(archive_url).close()
     addresses = {f"h{i}": f"127.0.0.{i + 1}" for i in (1, 2, 3)}
     figures = run_mesh(tmp_path, archive_url, addresses, lambda _: None, "127.0.0.0/8", None)
