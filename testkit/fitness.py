@@ -43,10 +43,14 @@ T = TypeVar("T")
 # The delay line's resolution the finest lab test relies on (abwtool.NOISE_FLOOR_NS: 120 µs):
 # a wake-up later than that is late.
 LATE_US = 120.0
-# A host is fit while at most this share of the meter's wake-ups is late. With a third of each
-# CPU's time taken in 1 ms slices by a task above the delay line, available-bandwidth estimates
-# on an idle 100 Mbit/s path read 43-77 Mbit/s; a quiet host reads well under 1 %.
-LATE_SHARE = 0.02
+# A host is fit while at most this share of the meter's wake-ups is late. A quiet host (a clean
+# `make test`, load ~1, the timing tests alone) read 0.004-0.015 with the lab idle and
+# 0.021-0.066 beside the lab's own forwarding during abw and jitter measurements (p90 <= 85 µs),
+# measurements that pass; CI's failing run read 0.14-0.24 during the abw rate step (33 vs
+# 100 Mbit/s), and a third of each CPU taken in 1 ms slices by a task above the delay line makes
+# an idle 100 Mbit/s path read 43-77 Mbit/s. A delay shifted by 0.75 ms (CI's t5 median) means
+# most wake-ups late, far above this share.
+LATE_SHARE = 0.10
 TRIES = 3  # measurements per test, the first included
 WAIT_S = 60.0  # the longest wait for a fit host between two tries
 POLL_S = 0.5  # each look at the host while waiting (2000 wake-ups at 250 µs)
