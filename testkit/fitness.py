@@ -24,19 +24,15 @@ skip after one quick look instead of waiting a minute each.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import pytest
 
-from iepm.lab.testing import _meter_argv, timer_lateness_us
+from iepm.lab.testing import host_timer, timer_lateness_us
 
 T = TypeVar("T")
 
@@ -81,45 +77,11 @@ def is_fit(figures: dict[str, float], late_share: float = LATE_SHARE) -> bool:
     return bool(figures) and figures["late_share"] <= late_share
 
 
-@contextlib.contextmanager
-def metered(period_us: int = METER_PERIOD_US, late_us: float = LATE_US) -> Iterator[dict[str, Any]]:
-    """The timer meter of ``iepm.lab.testing.host_timer`` over a block, started before the block
-    does (``host_timer`` yields at once, so the first ~0.5 s of a block, all of a short one,
-    went unmeasured) and raised to :data:`METER_PRIORITY`. The dict is filled when the block
-    ends."""
-    figures: dict[str, Any] = {}
-    proc = subprocess.Popen(
-        _meter_argv(period_us, 10**9, late_us),
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        # The meter sets SCHED_FIFO after it installed its SIGTERM handler: from then on it
-        # measures, and reports when stopped.
-        deadline = time.monotonic() + 30.0
-        while os.sched_getscheduler(proc.pid) != os.SCHED_FIFO:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the host timer meter did not start at SCHED_FIFO")
-            time.sleep(0.01)
-        os.sched_setscheduler(proc.pid, os.SCHED_FIFO, os.sched_param(METER_PRIORITY))
-        yield figures
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        if out.strip():
-            figures.update(json.loads(out))
-
-
 @dataclass
 class Try:
-    host: dict[str, Any]  # the meter's figures over the measurement
+    host: dict[str, float]  # the meter's figures over the measurement
     waited_s: float = 0.0  # how long the host was waited for before it
-    looks: list[dict[str, Any]] = field(default_factory=list)  # the host while waited for
+    looks: list[dict[str, float]] = field(default_factory=list)  # the host while waited for
 
     def __str__(self) -> str:
         if not self.looks:
@@ -150,13 +112,13 @@ class Fit(Generic[T]):
         return f"{message} [{self.what} measured on a fit host: {self.host}]"
 
 
-def wait_until_fit(late_share: float, wait_s: float) -> tuple[bool, float, list[dict[str, Any]]]:
+def wait_until_fit(late_share: float, wait_s: float) -> tuple[bool, float, list[dict[str, float]]]:
     """Look at the host until it is fit, for at most ``wait_s`` (less what this process has
     already waited, :data:`SESSION_WAIT_S` in all; one look at least). Whether it became fit,
     the seconds waited and each look's figures."""
     start = time.monotonic()
     budget = max(0.0, min(wait_s, SESSION_WAIT_S - _spent[0]))
-    looks: list[dict[str, Any]] = []
+    looks: list[dict[str, float]] = []
     while True:
         # At the delay line's own priority, with the lab idle: what else of that priority
         # (another lab's delay lines) and the host take from it.
@@ -187,7 +149,7 @@ def on_a_fit_host(
         if not fit:
             history.append(attempt)
             break
-        with metered() as figures:
+        with host_timer(METER_PERIOD_US, LATE_US, priority=METER_PRIORITY) as figures:
             value = measure()
         attempt.host = figures
         history.append(attempt)

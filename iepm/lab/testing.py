@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -102,10 +103,14 @@ def timer_lateness_us(
 
 
 @contextlib.contextmanager
-def host_timer(period_us: int = 1000, late_us: float = 120) -> Iterator[dict[str, float]]:
+def host_timer(
+    period_us: int = 1000, late_us: float = 120, priority: int = 10
+) -> Iterator[dict[str, float]]:
     """:func:`timer_lateness_us` over a whole block: ``with host_timer() as figures: …``, the
     dict filled when the block ends. Wakes every ``period_us`` (1 ms: a light load beside the
-    block's)."""
+    block's) at SCHED_FIFO ``priority`` (the delay line's 10; one above reads what the host takes
+    from the delay line rather than the lab's own forwarding). The block starts once the meter
+    measures, so a short block is measured too."""
     figures: dict[str, float] = {}
     proc = subprocess.Popen(
         _meter_argv(period_us, 10**9, late_us),
@@ -114,6 +119,15 @@ def host_timer(period_us: int = 1000, late_us: float = 120) -> Iterator[dict[str
         start_new_session=True,
     )
     try:
+        # The meter sets SCHED_FIFO after installing its SIGTERM handler: from then on it
+        # measures, and reports when stopped.
+        deadline = time.monotonic() + 30.0
+        while os.sched_getscheduler(proc.pid) != os.SCHED_FIFO:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise LabError("the host timer meter did not start at SCHED_FIFO")
+            time.sleep(0.01)
+        if priority != 10:
+            os.sched_setscheduler(proc.pid, os.SCHED_FIFO, os.sched_param(priority))
         yield figures
     finally:
         proc.terminate()  # the meter prints its figures at SIGTERM
