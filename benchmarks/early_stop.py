@@ -58,17 +58,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from iepm.config import AgentAccess
 from iepm.extract import extract
 from iepm.lab import Lab
 from iepm.lab.testing import unique_lab_name
 from iepm.probes import iperf3
 from iepm.probes.base import ProbeContext, result_from_raw
 from iepm.rawlog import RawLog
-from iepm.remote.lease import server_source
 from iepm.store import Archive
 from iepm.tuning.early_stop import EarlyStopConfig, adaptive_run
 from testkit.agent import running_agent
+from testkit.copylab import agent_context
 
 # (name, one-way delay ms, rate Mbit/s, loss % per direction)
 REPORT_PATHS = [
@@ -136,16 +135,8 @@ def routine(
                     port=AGENT_PORT,
                     netns=lab.netns(name),
                 ) as agent:
-                    access = AgentAccess(
-                        url=agent.url, credential_file=str(agent.token_file("mon1"))
-                    )
-                    ctx = ProbeContext(
-                        target=name,
-                        address=lab.address(name),
-                        monitor="mon1",
-                        netns=lab.netns("mon"),
-                        raw_log=log,
-                        servers=server_source(access),
+                    ctx = agent_context(
+                        agent, name, lab.address(name), lab.netns("mon"), raw_log=log
                     )
                     previous_full: float | None = None
                     for i in range(runs_per_path):

@@ -25,6 +25,7 @@ from iepm.config import AgentAccess
 from iepm.lab import Lab
 from iepm.probes import gridftp_mem, iperf3, rsync_mem, xrdcp_mem
 from iepm.probes.base import ProbeContext
+from iepm.rawlog import RawLog
 from iepm.remote.lease import server_source
 from iepm.results import Result
 from testkit.agent import RunningAgent, running_agent
@@ -59,12 +60,21 @@ def lab_agent(
 
 
 def agent_context(
-    agent: RunningAgent, target: str, address: str = "127.0.0.1", netns: str | None = None
+    agent: RunningAgent,
+    target: str,
+    address: str = "127.0.0.1",
+    netns: str | None = None,
+    raw_log: RawLog | None = None,
 ) -> ProbeContext:
     """Monitor ``mon1``'s context for ``target``, its servers leased from ``agent``."""
     access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
     return ProbeContext(
-        target=target, address=address, monitor="mon1", netns=netns, servers=server_source(access)
+        target=target,
+        address=address,
+        monitor="mon1",
+        netns=netns,
+        raw_log=raw_log,
+        servers=server_source(access),
     )
 
 

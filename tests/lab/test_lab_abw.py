@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 
-from iepm.config import AgentAccess
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
 from iepm.probes import abw
 from iepm.probes.base import ProbeContext
-from iepm.remote.lease import server_source
 from iepm.results import Result
 from testkit.agent import running_agent
+from testkit.copylab import agent_context
 from testkit.fitness import Fit, on_a_fit_host
 
 # Every figure here reads the delay line's timing (its serialisation at 120 µs resolution).
@@ -70,13 +69,8 @@ def path_with_agent(factory: LabFactory, rate_mbit: float, share: float) -> Iter
         with running_agent(
             base, address=lab.address("tg"), port=AGENT_PORT, netns=lab.netns("tg"), kinds=("abw",)
         ) as agent:
-            access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
-            lab.ctx = ProbeContext(  # type: ignore[attr-defined]
-                target="tg",
-                address=lab.address("tg"),
-                monitor="mon1",
-                netns=lab.netns("mon"),
-                servers=server_source(access),
+            lab.ctx = agent_context(  # type: ignore[attr-defined]
+                agent, "tg", lab.address("tg"), lab.netns("mon")
             )
             yield lab
     finally:

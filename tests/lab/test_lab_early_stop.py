@@ -19,17 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from iepm.config import AgentAccess
 from iepm.extract import extract
 from iepm.lab import Lab
 from iepm.lab.testing import LabFactory
 from iepm.probes import iperf3
-from iepm.probes.base import ProbeContext
 from iepm.rawlog import RawLog
-from iepm.remote.lease import server_source
 from iepm.results import Result
 from iepm.store import Archive
 from testkit.agent import RunningAgent, running_agent
+from testkit.copylab import agent_context
 
 # Timing: the early estimate against a full run's throughput through the delay line.
 pytestmark = [pytest.mark.lab, pytest.mark.timing]
@@ -69,15 +67,7 @@ def test_routine_early_stop_agrees_with_a_full_run_on_half_the_bytes(
 ) -> None:
     log = RawLog(tmp_path / "raw")
     url = f"sqlite:///{tmp_path / 'archive.db'}"
-    access = AgentAccess(url=agent.url, credential_file=str(agent.token_file("mon1")))
-    ctx = ProbeContext(
-        target=NAME,
-        address=lab.address(NAME),
-        monitor="mon1",
-        netns=lab.netns("mon"),
-        raw_log=log,
-        servers=server_source(access),
-    )
+    ctx = agent_context(agent, NAME, lab.address(NAME), lab.netns("mon"), raw_log=log)
     pairs: list[tuple[Result, Result]] = []
     lines = []
     with Archive.open(url) as archive:
